@@ -1,0 +1,34 @@
+"""relay-tasks: tuning tasks for MetaSchedule, AutoTVM and Ansor from a Relay model, fast.
+
+One shared backend optimises and fuses the model the way upstream TVM does, deduplicates the
+primitive functions and lowers each to TE compute only (no schedule, no build); per-tuner adapters
+turn those tasks into each tuner's own task objects.
+"""
+
+import os as _os
+
+# AutoTVM would try to download TopHub configs during extraction; this machine has no internet.
+_os.environ.setdefault("TOPHUB_LOCATION", "NONE")
+
+from .errors import (  # noqa: E402
+    DependencyError,
+    ExtractionError,
+    ModelError,
+    RelayTasksError,
+    TargetError,
+    TuningError,
+)
+from .extract import Task, extract_tasks  # noqa: E402
+from .inputs import host_target  # noqa: E402
+
+__all__ = [
+    "DependencyError",
+    "ExtractionError",
+    "ModelError",
+    "RelayTasksError",
+    "TargetError",
+    "Task",
+    "TuningError",
+    "extract_tasks",
+    "host_target",
+]

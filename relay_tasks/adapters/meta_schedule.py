@@ -1,0 +1,160 @@
+"""MetaSchedule: shared tasks -> ``tvm.meta_schedule.ExtractedTask``, equal to upstream's.
+
+Upstream (``relay.backend.MetaScheduleExtractTask``) turns every primitive function occurrence
+into a TIR module and deduplicates on *that* with the chosen module equality, so this adapter does
+the same over the backend's occurrences: TIR once per distinct function, then upstream's order
+(post order reversed; sorted by op count first for ``anchor-block``) and naming.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from types import MappingProxyType
+from typing import Any
+
+import tvm
+from tvm import relay
+from tvm import meta_schedule as ms
+from tvm.ir import IRModule
+from tvm.ir.supply import NameSupply
+from tvm.target import Target
+
+from ..cxx import std_sort
+from ..errors import ModelError
+from ..extract import Task, run_extraction
+from ..inputs import ParamsLike, TargetLike, as_module, as_target
+from ..pipeline import PassSettings, extraction_scope
+
+NAME = "meta_schedule"
+MODULE_EQUALITIES = ("structural", "ignore-ndarray", "anchor-block")
+#: Upstream's defaults: strategies pick by plevel, and TE becomes TIR with the default converter.
+DEFAULT_PASS_CONFIG: Mapping[str, Any] = MappingProxyType(
+    {"relay.backend.use_meta_schedule": True, "relay.backend.tir_converter": "default"}
+)
+
+
+def extract_task_from_relay(
+    mod: Any,
+    target: TargetLike,
+    params: ParamsLike = None,
+    *,
+    opt_level: int = 3,
+    pass_config: Mapping[str, Any] = DEFAULT_PASS_CONFIG,
+    disabled_pass: Any = None,
+    module_equality: str = "structural",
+) -> list[ms.ExtractedTask]:
+    """Extract MetaSchedule tuning tasks, equal to ``ms.relay_integration.extract_tasks``.
+
+    Parameters
+    ----------
+    mod : tvm.IRModule or tvm.relay.Function
+        The model.
+    target : str or tvm.target.Target
+        The target to tune for.
+    params : dict of str to numpy.ndarray or tvm.nd.NDArray, optional
+        Weights bound into ``main`` by name.
+    opt_level, pass_config, disabled_pass
+        The PassContext; ``pass_config`` replaces upstream's default as it does upstream.
+    module_equality : {"structural", "ignore-ndarray", "anchor-block"}
+        How TIR modules are compared when deduplicating tasks.
+
+    Returns
+    -------
+    list of tvm.meta_schedule.ExtractedTask
+        Ready for ``ms.tune_tasks`` / ``ms.relay_integration.tune_relay``.
+    """
+    if module_equality not in MODULE_EQUALITIES:
+        raise ModelError(
+            f"unknown module_equality {module_equality!r}; "
+            f"choose one of {', '.join(MODULE_EQUALITIES)}"
+        )
+    module = with_executor(as_module(mod))
+    tgt = as_target(target)
+    settings = PassSettings(opt_level, dict(pass_config), frozenset(disabled_pass or ()))
+    tasks = run_extraction(module, tgt, params, settings, environment=lambda: tophub_scope(tgt))
+    return to_extracted_tasks(tasks, tgt, settings, module_equality)
+
+
+def with_executor(mod: IRModule) -> IRModule:
+    """Attach the graph executor as upstream's wrapper does, unless the module names one."""
+    if mod.get_attr("executor") is None:
+        return mod.with_attr("executor", relay.backend.Executor("graph"))
+    return mod
+
+
+@contextmanager
+def tophub_scope(target: Target) -> Iterator[None]:
+    """Upstream's wrapper loads TopHub configs for non-CUDA targets when nothing else is set.
+
+    They decide AlterOpLayout's tiling on x86, so they must be in force here too.
+    """
+    from tvm import autotvm
+
+    fallback = isinstance(autotvm.DispatchContext.current, autotvm.FallbackContext)
+    if target.kind.name != "cuda" and fallback:
+        with autotvm.tophub.context(target):
+            yield
+    else:
+        yield
+
+
+def to_extracted_tasks(
+    tasks: Sequence[Task], target: Target, settings: PassSettings, module_equality: str
+) -> list[ms.ExtractedTask]:
+    """Convert shared tasks to ``ExtractedTask`` objects in upstream's order and naming."""
+    converter_name = str(settings.config.get("relay.backend.tir_converter", "default"))
+    converter = tvm.get_global_func(f"relay.backend.tir_converter.{converter_name}", True)
+    if converter is None:
+        raise ModelError(
+            f"unknown relay.backend.tir_converter {converter_name!r}; use 'default' or "
+            "'allow_extern', or register relay.backend.tir_converter.<name> first"
+        )
+    with extraction_scope(target, settings):
+        tir = {id(t): _tir_module(converter, t) for t in tasks}
+    occurrences = [t for _, t in sorted((v, t) for t in tasks for v in t.visits if tir[id(t)])]
+    order = list(range(len(occurrences)))
+    if module_equality == "anchor-block":
+        # Fewer ops first, so that e.g. conv2d_add_relu (not conv2d_add_add_relu) names a task.
+        counts = [_op_count(t.func) for t in occurrences]
+        order = std_sort(order, lambda a, b: counts[a] < counts[b])
+    database = ms.database.MemoryDatabase(module_equality=module_equality)
+    firsts: list[tuple[ms.database.Workload, Task]] = []
+    weights: list[int] = []
+    for index in order:
+        task = occurrences[index]
+        workload = database.commit_workload(tir[id(task)])
+        hit = next((i for i, (wl, _) in enumerate(firsts) if wl.same_as(workload)), None)
+        if hit is None:
+            firsts.append((workload, task))
+            weights.append(1)
+        else:
+            weights[hit] += 1
+    names = NameSupply("")
+    result = []
+    for (_, task), weight in reversed(list(zip(firsts, weights))):
+        relay_mod = IRModule({tvm.ir.GlobalVar(task.name): task.func})
+        name = names.fresh_name(task.name)
+        result.append(ms.ExtractedTask(name, relay_mod, target, [tir[id(task)]], weight))
+    return result
+
+
+def _tir_module(converter: Any, task: Task) -> IRModule | None:
+    constants = [data for _, data in task.lowered.constants]
+    func = converter(task.lowered.tir_args(), constants)
+    if func is None:  # the converter declines dynamic shapes and non-compute ops
+        return None
+    func = func.with_attr({"global_symbol": "main", "tir.noalias": True})
+    return IRModule({tvm.ir.GlobalVar("main"): func})
+
+
+def _op_count(func: relay.Function) -> int:
+    count = 0
+
+    def visit(node: Any) -> None:
+        nonlocal count
+        if isinstance(node, relay.Call) and isinstance(node.op, tvm.ir.Op):
+            count += 1
+
+    relay.analysis.post_order_visit(func.body, visit)
+    return count

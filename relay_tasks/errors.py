@@ -1,0 +1,44 @@
+"""The package's exception types.
+
+Every failure a user can cause (a bad model, a bad target, a missing dependency, an extraction
+that cannot proceed) surfaces as one of these, with a message that says what was found, what was
+expected and how to fix it. The CLI maps each class to its own exit code.
+"""
+
+from __future__ import annotations
+
+
+class RelayTasksError(Exception):
+    """Base class of every error relay-tasks raises on purpose."""
+
+    exit_code = 1
+
+
+class ModelError(RelayTasksError, ValueError):
+    """The model (module, function, params or model file) cannot be used as given."""
+
+    exit_code = 3
+
+
+class TargetError(RelayTasksError, ValueError):
+    """The target cannot be parsed, or is not one a tuner supports."""
+
+    exit_code = 4
+
+
+class DependencyError(RelayTasksError, ImportError):
+    """An optional package needed for this input is not installed."""
+
+    exit_code = 5
+
+
+class ExtractionError(RelayTasksError, RuntimeError):
+    """TVM failed while optimising or lowering a valid-looking model."""
+
+    exit_code = 6
+
+
+class TuningError(RelayTasksError, RuntimeError):
+    """A tuner could not be set up or failed while tuning."""
+
+    exit_code = 7

@@ -1,0 +1,227 @@
+"""The shared backend: primitive functions of a fused module -> deduplicated, weighted tasks.
+
+One extraction serves all three tuners. Functions are visited in upstream's post order,
+deduplicated with upstream's compile-cache semantics (structurally equal function, same target),
+weighted by how often they occur, and lowered to TE compute once each. Nothing is scheduled or
+built.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+import tvm
+from tvm import relay, te
+from tvm.ir import IRModule
+from tvm.ir.supply import NameSupply
+from tvm.target import Target
+
+from .errors import ExtractionError
+from .inputs import ParamsLike, TargetLike, as_module, as_params, as_target
+from .lower import LoweredTE, lower_to_te
+from .pipeline import PassSettings, extraction_scope, optimize
+
+
+@dataclass(frozen=True, eq=False)
+class Task:
+    """One distinct primitive function of a model: what every tuner's task is made from.
+
+    ``visits`` are the positions of the function's occurrences among the primitive functions in
+    post order (the order upstream's MetaSchedule extraction walks); ``calls`` are their positions
+    in evaluation order (the order a compiler lowers call sites). ``weight`` is how many times the
+    function occurs. ``key`` identifies the function and target across processes and models.
+    ``traced`` holds what a tuner's lowering scope recorded while this function was lowered.
+    """
+
+    name: str
+    func: relay.Function
+    target: Target
+    lowered: LoweredTE
+    weight: int
+    key: str
+    visits: tuple[int, ...]
+    calls: tuple[int, ...]
+    traced: tuple[Any, ...] = ()
+
+    @property
+    def inputs(self) -> tuple[te.Tensor, ...]:
+        return self.lowered.inputs
+
+    @property
+    def outputs(self) -> tuple[te.Tensor, ...]:
+        return self.lowered.outputs
+
+    @property
+    def anchor_op(self) -> str:
+        return self.lowered.anchor_op
+
+
+@dataclass
+class _Group:
+    func: relay.Function
+    visits: list[int] = field(default_factory=list)
+    calls: list[int] = field(default_factory=list)
+
+
+#: Entered around the TE lowering of each distinct function (a tuner's tracing environment, for
+#: instance); the list it yields is filled while lowering and kept as ``Task.traced``.
+LoweringScope = Callable[[], AbstractContextManager[list[Any]]]
+
+
+@contextmanager
+def _no_tracing() -> Iterator[list[Any]]:
+    yield []
+
+
+def extract_tasks(
+    mod: Any,
+    target: TargetLike,
+    params: ParamsLike = None,
+    *,
+    opt_level: int = 3,
+    pass_config: Mapping[str, Any] | None = None,
+    disabled_pass: Any = None,
+) -> list[Task]:
+    """Extract the distinct primitive functions of a Relay model as weighted tasks.
+
+    Parameters
+    ----------
+    mod : tvm.IRModule or tvm.relay.Function
+        The model; its ``main`` is extracted.
+    target : str or tvm.target.Target
+        The target the tasks are for.
+    params : dict of str to numpy.ndarray or tvm.nd.NDArray, optional
+        Weights to bind into ``main`` by name before optimisation.
+    opt_level, pass_config, disabled_pass
+        The PassContext the optimisation and lowering run under.
+
+    Returns
+    -------
+    list of Task
+        In upstream's order: the reverse of the post order of first occurrences.
+    """
+    settings = PassSettings(opt_level).merged(pass_config, disabled_pass)
+    return run_extraction(mod, target, params, settings)
+
+
+def run_extraction(
+    mod: Any,
+    target: TargetLike,
+    params: ParamsLike,
+    settings: PassSettings,
+    *,
+    environment: Callable[[], AbstractContextManager[Any]] = nullcontext,
+    lowering_scope: LoweringScope = _no_tracing,
+) -> list[Task]:
+    """:func:`extract_tasks` with the tuner-specific parts given as data by an adapter.
+
+    ``environment`` is entered around optimisation and lowering (inside the target and
+    PassContext); ``lowering_scope`` around the lowering of each distinct function.
+    """
+    module = as_module(mod)
+    tgt = as_target(target)
+    bound = as_params(params, module)
+    with extraction_scope(tgt, settings), environment():
+        fused = optimize(module, bound)
+        groups = group_primitive_functions(fused)
+        tasks = _lower_groups(groups, tgt, lowering_scope)
+    tasks.reverse()
+    return tasks
+
+
+def group_primitive_functions(fused: IRModule) -> list[_Group]:
+    """Primitive functions of ``main`` grouped by compile-cache equality, by first visit."""
+    visited, called = _walk(fused["main"])
+    groups: list[_Group] = []
+    by_hash: dict[int, list[_Group]] = {}
+    position: dict[int, _Group] = {}
+    for index, func in enumerate(visited):
+        bucket = by_hash.setdefault(tvm.ir.structural_hash(func), [])
+        group = next((g for g in bucket if tvm.ir.structural_equal(g.func, func)), None)
+        if group is None:
+            group = _Group(func)
+            bucket.append(group)
+            groups.append(group)
+        group.visits.append(index)
+        position[func.handle.value] = group
+    for index, func in enumerate(called):
+        position[func.handle.value].calls.append(index)
+    return groups
+
+
+def _walk(main: relay.Function) -> tuple[list[relay.Function], list[relay.Function]]:
+    """Primitive functions in post order, and the functions called, in evaluation order."""
+    visited: list[relay.Function] = []
+    called: list[relay.Function] = []
+
+    def visit(node: Any) -> None:
+        if isinstance(node, relay.Function) and _is_task(node):
+            visited.append(node)
+        elif isinstance(node, relay.Call) and isinstance(node.op, relay.Function):
+            if _is_task(node.op):
+                called.append(node.op)
+
+    relay.analysis.post_order_visit(main, visit)
+    return visited, called
+
+
+def _is_task(func: relay.Function) -> bool:
+    attrs = func.attrs
+    if attrs is None or "Primitive" not in attrs.keys() or not int(attrs["Primitive"]):
+        return False
+    # Functions offloaded to an external compiler (BYOC) are not TVM's to tune.
+    return "Compiler" not in attrs.keys()
+
+
+def _lower_groups(groups: list[_Group], target: Target, scope: LoweringScope) -> list[Task]:
+    """Lower each group once, in post order, sharing one constant-name supply as upstream does.
+
+    Upstream lowers every occurrence, so a repeated function still draws names for its tensor
+    constants; drawing the same names here keeps later constants' names equal to upstream's.
+    """
+    constant_names = NameSupply("")
+    owner = {v: g for g in groups for v in g.visits}
+    lowered: dict[int, tuple[LoweredTE, tuple[Any, ...]]] = {}
+    for visit in sorted(owner):
+        group = owner[visit]
+        done = lowered.get(id(group))
+        if done is not None:
+            for base in done[0].constant_bases:
+                constant_names.fresh_name(base)
+            continue
+        with scope() as record:
+            result = _lower_one(group.func, target, constant_names)
+        lowered[id(group)] = (result, tuple(record))
+    return [_make_task(g, target, *lowered[id(g)]) for g in groups]
+
+
+def _lower_one(func: relay.Function, target: Target, constant_names: NameSupply) -> LoweredTE:
+    try:
+        return lower_to_te(func, target, constant_names)
+    except ExtractionError:
+        raise
+    except (tvm.TVMError, ValueError, RuntimeError, AttributeError) as err:
+        detail = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
+        raise ExtractionError(
+            f"cannot lower a primitive function to TE compute for target {target.kind.name}: "
+            f"{detail}"
+        ) from err
+
+
+def _make_task(
+    group: _Group, target: Target, lowered: LoweredTE, traced: tuple[Any, ...]
+) -> Task:
+    return Task(
+        name=lowered.fused_name,
+        func=group.func,
+        target=target,
+        lowered=lowered,
+        weight=len(group.visits),
+        key=f"{tvm.ir.structural_hash(group.func) & (2**64 - 1):016x}",
+        visits=tuple(group.visits),
+        calls=tuple(group.calls),
+        traced=traced,
+    )

@@ -1,0 +1,156 @@
+"""Normalise what users pass in (module, target, params) once, at the API boundary.
+
+Every tuner entry point accepts the same loose types (an ``IRModule`` or a Relay ``Function``, a
+target string or ``Target``, params as numpy arrays or ``NDArray``) and turns them into one strict
+form here, so that the pipeline never has to guess and bad input fails early with a message that
+names the fix instead of deep inside a C++ pass.
+"""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import tvm
+from tvm import relay
+from tvm.ir import IRModule
+from tvm.ir import diagnostics as _diagnostics
+from tvm.target import Target
+
+from .errors import ModelError, TargetError
+
+ModuleLike = IRModule | relay.Function
+TargetLike = str | Target
+ParamsLike = Mapping[str, Any] | None
+
+
+def as_module(mod: object) -> IRModule:
+    """Return a fresh, type-checked ``IRModule`` whose ``main`` is a Relay function.
+
+    The result is a new module object: binding params later must never modify the caller's module
+    (upstream's C++ extraction does, which makes a second extraction of the same module see no
+    params to bind).
+    """
+    if isinstance(mod, relay.Function):
+        mod = IRModule.from_expr(mod)
+    elif not isinstance(mod, IRModule):
+        raise ModelError(
+            f"expected a tvm.IRModule or tvm.relay.Function, got {type(mod).__name__}; "
+            "load a model with relay_tasks.load_model() or a relay.frontend converter first"
+        )
+    names = [gv.name_hint for gv in mod.get_global_vars()]
+    if "main" not in names:
+        found = ", ".join(sorted(names)) or "no functions"
+        raise ModelError(
+            f"the module has no 'main' function (it has {found}); "
+            "name the entry function 'main', e.g. mod = tvm.IRModule.from_expr(func)"
+        )
+    if not isinstance(mod["main"], relay.Function):
+        raise ModelError(
+            f"'main' is a {type(mod['main']).__name__}, not a Relay function; "
+            "relay-tasks extracts from Relay models only"
+        )
+    copy = IRModule(dict(mod.functions.items()), dict(mod.type_definitions.items()))
+    for key, value in (mod.attrs or {}).items():
+        copy = copy.with_attr(key, value)
+    return type_check(copy)
+
+
+def type_check(mod: IRModule) -> IRModule:
+    """Run type inference, turning TVM's rendered diagnostics into one ``ModelError``."""
+    messages: list[str] = []
+
+    def collect(ctx: Any) -> None:
+        messages.extend(str(diag.message) for diag in ctx.diagnostics)
+
+    _diagnostics.override_renderer(collect)
+    try:
+        return relay.transform.InferType()(mod)
+    except tvm.TVMError as err:
+        detail = "; ".join(dict.fromkeys(m.strip() for m in messages if m.strip()))
+        if not detail:
+            detail = str(err).strip().splitlines()[-1]
+        raise ModelError(
+            f"the module does not type-check: {detail}; fix the operator shapes/dtypes "
+            "(relay.transform.InferType()(mod) reproduces this)"
+        ) from err
+    finally:
+        _diagnostics.override_renderer(None)
+
+
+def host_target() -> Target:
+    """The CPU this process runs on, spelled out.
+
+    hhb-tvm's LLVM defaults to a riscv64 triple, so a bare ``llvm`` would describe another machine.
+    """
+    from tvm.target import codegen
+
+    triple = f"{platform.machine()}-linux-gnu"
+    return Target(f"llvm -mtriple={triple} -mcpu={codegen.llvm_get_system_cpu()}")
+
+
+def as_target(target: object) -> Target:
+    """Parse a target string (or pass a ``Target`` through), with a readable error."""
+    if isinstance(target, Target):
+        return target
+    if not isinstance(target, str):
+        raise TargetError(
+            f"expected a target string or tvm.target.Target, got {type(target).__name__}; "
+            "e.g. 'llvm -mtriple=x86_64-linux-gnu -mcpu=skylake' or 'cuda'"
+        )
+    try:
+        return Target(target)
+    except (ValueError, tvm.TVMError) as err:
+        kind = target.split()[0] if target.split() else target
+        known = ", ".join(sorted(Target.list_kinds()))
+        raise TargetError(
+            f"unknown or malformed target {target!r} (kind {kind!r}); "
+            f"use one of the target kinds {known}, e.g. 'llvm -mcpu=skylake' or 'cuda'"
+        ) from err
+
+
+def as_params(params: object, mod: IRModule) -> dict[str, tvm.nd.NDArray]:
+    """Convert params to ``NDArray`` and check that each names a parameter of ``main``.
+
+    Upstream silently ignores params that match no variable, so a typo leaves the weights unbound
+    and yields different tasks without a word; here it is an error.
+    """
+    if params is None:
+        return {}
+    if not isinstance(params, Mapping):
+        raise ModelError(
+            f"expected params as a dict of name -> numpy array / tvm.nd.NDArray, "
+            f"got {type(params).__name__}"
+        )
+    main = mod["main"]
+    var_names = [p.name_hint for p in main.params]
+    converted: dict[str, tvm.nd.NDArray] = {}
+    for name, value in params.items():
+        if not isinstance(name, str):
+            raise ModelError(f"param names must be strings, got {name!r}")
+        if isinstance(value, np.ndarray):
+            value = tvm.nd.array(value)
+        elif not isinstance(value, tvm.nd.NDArray):
+            raise ModelError(
+                f"param {name!r} is a {type(value).__name__}; "
+                "pass a numpy array or tvm.nd.NDArray"
+            )
+        converted[name] = value
+    unknown = sorted(set(converted) - set(var_names))
+    if unknown:
+        shown = ", ".join(unknown[:5]) + (" ..." if len(unknown) > 5 else "")
+        free = ", ".join(var_names[:8]) + (" ..." if len(var_names) > 8 else "")
+        raise ModelError(
+            f"{len(unknown)} param(s) match no parameter of main: {shown}; "
+            f"main's parameters are: {free or '(none)'}; check the names, or drop params "
+            "that belong to another model"
+        )
+    repeated = sorted({n for n in var_names if var_names.count(n) > 1} & set(converted))
+    if repeated:
+        raise ModelError(
+            f"main has several parameters named {repeated[0]!r}, so the param cannot be bound "
+            "by name; rename the duplicated variables"
+        )
+    return converted
