@@ -10,7 +10,8 @@ import os as _os
 # AutoTVM would try to download TopHub configs during extraction; this machine has no internet.
 _os.environ.setdefault("TOPHUB_LOCATION", "NONE")
 
-from .errors import (  # noqa: E402
+from .api import extract
+from .errors import (
     DependencyError,
     ExtractionError,
     ModelError,
@@ -18,8 +19,8 @@ from .errors import (  # noqa: E402
     TargetError,
     TuningError,
 )
-from .extract import Task, extract_tasks  # noqa: E402
-from .inputs import host_target  # noqa: E402
+from .extract import Task, extract_tasks
+from .inputs import host_target
 
 __all__ = [
     "DependencyError",
@@ -29,6 +30,7 @@ __all__ = [
     "TargetError",
     "Task",
     "TuningError",
+    "extract",
     "extract_tasks",
     "host_target",
 ]

@@ -8,7 +8,7 @@ upstream exactly we reproduce those algorithms here, each checked against upstre
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 _MASK = (1 << 64) - 1
@@ -65,7 +65,9 @@ def std_sort(items: Sequence[T], less: Callable[[T, T], bool]) -> list[T]:
     return seq
 
 
-def _introsort_loop(a: list[T], first: int, last: int, depth: int, less: Callable[[T, T], bool]) -> None:
+def _introsort_loop(
+    a: list[T], first: int, last: int, depth: int, less: Callable[[T, T], bool]
+) -> None:
     while last - first > _THRESHOLD:
         if depth == 0:
             _heap_sort(a, first, last, less)
@@ -178,8 +180,3 @@ def _adjust_heap(
         hole = parent
         parent = (hole - 1) // 2
     a[first + hole] = value
-
-
-def first_seen(values: Iterable[T]) -> list[T]:
-    """Distinct values in order of first appearance."""
-    return list(dict.fromkeys(values))

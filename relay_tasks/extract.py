@@ -160,9 +160,12 @@ def _walk(main: relay.Function) -> tuple[list[relay.Function], list[relay.Functi
     def visit(node: Any) -> None:
         if isinstance(node, relay.Function) and _is_task(node):
             visited.append(node)
-        elif isinstance(node, relay.Call) and isinstance(node.op, relay.Function):
-            if _is_task(node.op):
-                called.append(node.op)
+        elif (
+            isinstance(node, relay.Call)
+            and isinstance(node.op, relay.Function)
+            and _is_task(node.op)
+        ):
+            called.append(node.op)
 
     relay.analysis.post_order_visit(main, visit)
     return visited, called
@@ -170,10 +173,10 @@ def _walk(main: relay.Function) -> tuple[list[relay.Function], list[relay.Functi
 
 def _is_task(func: relay.Function) -> bool:
     attrs = func.attrs
-    if attrs is None or "Primitive" not in attrs.keys() or not int(attrs["Primitive"]):
+    if attrs is None or "Primitive" not in attrs or not int(attrs["Primitive"]):
         return False
     # Functions offloaded to an external compiler (BYOC) are not TVM's to tune.
-    return "Compiler" not in attrs.keys()
+    return "Compiler" not in attrs
 
 
 def _lower_groups(groups: list[_Group], target: Target, scope: LoweringScope) -> list[Task]:
@@ -211,9 +214,7 @@ def _lower_one(func: relay.Function, target: Target, constant_names: NameSupply)
         ) from err
 
 
-def _make_task(
-    group: _Group, target: Target, lowered: LoweredTE, traced: tuple[Any, ...]
-) -> Task:
+def _make_task(group: _Group, target: Target, lowered: LoweredTE, traced: tuple[Any, ...]) -> Task:
     return Task(
         name=lowered.fused_name,
         func=group.func,

@@ -8,8 +8,9 @@ names the fix instead of deep inside a C++ pass.
 
 from __future__ import annotations
 
+import contextlib
 import platform
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -26,7 +27,7 @@ TargetLike = str | Target
 ParamsLike = Mapping[str, Any] | None
 
 
-def as_module(mod: object) -> IRModule:
+def as_module(mod: Any) -> IRModule:
     """Return a fresh, type-checked ``IRModule`` whose ``main`` is a Relay function.
 
     The result is a new module object: binding params later must never modify the caller's module
@@ -60,24 +61,38 @@ def as_module(mod: object) -> IRModule:
 
 def type_check(mod: IRModule) -> IRModule:
     """Run type inference, turning TVM's rendered diagnostics into one ``ModelError``."""
+    with diagnostics() as messages:
+        try:
+            return relay.transform.InferType()(mod)
+        except tvm.TVMError as err:
+            raise ModelError(
+                f"the module does not type-check: {diagnostic_text(messages, err)}; fix the "
+                "operator shapes/dtypes (relay.transform.InferType()(mod) reproduces this)"
+            ) from err
+
+
+@contextlib.contextmanager
+def diagnostics() -> Iterator[list[str]]:
+    """Collect TVM's error diagnostics instead of letting them render to the terminal."""
     messages: list[str] = []
 
     def collect(ctx: Any) -> None:
-        messages.extend(str(diag.message) for diag in ctx.diagnostics)
+        messages.extend(str(diag.message).strip() for diag in ctx.diagnostics)
 
     _diagnostics.override_renderer(collect)
     try:
-        return relay.transform.InferType()(mod)
-    except tvm.TVMError as err:
-        detail = "; ".join(dict.fromkeys(m.strip() for m in messages if m.strip()))
-        if not detail:
-            detail = str(err).strip().splitlines()[-1]
-        raise ModelError(
-            f"the module does not type-check: {detail}; fix the operator shapes/dtypes "
-            "(relay.transform.InferType()(mod) reproduces this)"
-        ) from err
+        yield messages
     finally:
         _diagnostics.override_renderer(None)
+
+
+def diagnostic_text(messages: list[str], err: BaseException) -> str:
+    """One line from collected diagnostics, or from the error itself when there were none."""
+    detail = "; ".join(dict.fromkeys(m for m in messages if m))
+    if detail:
+        return detail
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return lines[-1] if lines else type(err).__name__
 
 
 def host_target() -> Target:
@@ -134,8 +149,7 @@ def as_params(params: object, mod: IRModule) -> dict[str, tvm.nd.NDArray]:
             value = tvm.nd.array(value)
         elif not isinstance(value, tvm.nd.NDArray):
             raise ModelError(
-                f"param {name!r} is a {type(value).__name__}; "
-                "pass a numpy array or tvm.nd.NDArray"
+                f"param {name!r} is a {type(value).__name__}; pass a numpy array or tvm.nd.NDArray"
             )
         converted[name] = value
     unknown = sorted(set(converted) - set(var_names))

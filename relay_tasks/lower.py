@@ -35,7 +35,7 @@ _QNN_PATTERNS = (
     ("qnn.conv2d", "add", "qnn.requantize"),
     ("qnn.conv2d", "qnn.requantize"),
 )
-_QNN_MEMBERS = frozenset(_QNN_ANCHORS + ("add", "qnn.requantize"))
+_QNN_MEMBERS = frozenset((*_QNN_ANCHORS, "add", "qnn.requantize"))
 
 
 @dataclass(frozen=True, eq=False)
@@ -96,7 +96,9 @@ class _TELowering:
             tensors = []
             for ttype in _flatten_tuple_type(param.checked_type):
                 name = param.name_hint or "placeholder"
-                tensors.append(te.placeholder(te_compiler.get_shape(ttype.shape), ttype.dtype, name))
+                tensors.append(
+                    te.placeholder(te_compiler.get_shape(ttype.shape), ttype.dtype, name)
+                )
             inputs.extend(tensors)
             self._remember(param, tensors)
         outputs = self.visit(func.body)

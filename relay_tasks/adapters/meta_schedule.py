@@ -14,8 +14,8 @@ from types import MappingProxyType
 from typing import Any
 
 import tvm
-from tvm import relay
 from tvm import meta_schedule as ms
+from tvm import relay
 from tvm.ir import IRModule
 from tvm.ir.supply import NameSupply
 from tvm.target import Target
@@ -25,6 +25,7 @@ from ..errors import ModelError
 from ..extract import Task, run_extraction
 from ..inputs import ParamsLike, TargetLike, as_module, as_target
 from ..pipeline import PassSettings, extraction_scope
+from .base import Adapter, TunerTask
 
 NAME = "meta_schedule"
 MODULE_EQUALITIES = ("structural", "ignore-ndarray", "anchor-block")
@@ -64,6 +65,42 @@ def extract_task_from_relay(
     list of tvm.meta_schedule.ExtractedTask
         Ready for ``ms.tune_tasks`` / ``ms.relay_integration.tune_relay``.
     """
+    pairs = _extract(mod, target, params, opt_level, pass_config, disabled_pass, module_equality)
+    return [extracted for _, extracted in pairs]
+
+
+def extract(
+    mod: Any, target: TargetLike, params: ParamsLike = None, **options: Any
+) -> list[TunerTask]:
+    """The registry's entry point: :func:`extract_task_from_relay` as :class:`TunerTask` rows."""
+    pairs = _extract(
+        mod,
+        target,
+        params,
+        options.pop("opt_level", 3),
+        options.pop("pass_config", DEFAULT_PASS_CONFIG),
+        options.pop("disabled_pass", None),
+        options.pop("module_equality", "structural"),
+    )
+    if options:
+        raise ModelError(f"unknown MetaSchedule option(s): {', '.join(sorted(options))}")
+    return [
+        TunerTask(et.task_name, int(et.weight), task.anchor_op, task.key, et) for task, et in pairs
+    ]
+
+
+ADAPTER = Adapter(NAME, extract)
+
+
+def _extract(
+    mod: Any,
+    target: TargetLike,
+    params: ParamsLike,
+    opt_level: int,
+    pass_config: Mapping[str, Any],
+    disabled_pass: Any,
+    module_equality: str,
+) -> list[tuple[Task, ms.ExtractedTask]]:
     if module_equality not in MODULE_EQUALITIES:
         raise ModelError(
             f"unknown module_equality {module_equality!r}; "
@@ -101,17 +138,14 @@ def tophub_scope(target: Target) -> Iterator[None]:
 
 def to_extracted_tasks(
     tasks: Sequence[Task], target: Target, settings: PassSettings, module_equality: str
-) -> list[ms.ExtractedTask]:
-    """Convert shared tasks to ``ExtractedTask`` objects in upstream's order and naming."""
+) -> list[tuple[Task, ms.ExtractedTask]]:
+    """Convert shared tasks to ``ExtractedTask`` objects in upstream's order and naming.
+
+    Each comes paired with the shared task it was made from.
+    """
     converter_name = str(settings.config.get("relay.backend.tir_converter", "default"))
-    converter = tvm.get_global_func(f"relay.backend.tir_converter.{converter_name}", True)
-    if converter is None:
-        raise ModelError(
-            f"unknown relay.backend.tir_converter {converter_name!r}; use 'default' or "
-            "'allow_extern', or register relay.backend.tir_converter.<name> first"
-        )
     with extraction_scope(target, settings):
-        tir = {id(t): _tir_module(converter, t) for t in tasks}
+        tir = {id(t): tir_module(t, converter_name) for t in tasks}
     occurrences = [t for _, t in sorted((v, t) for t in tasks for v in t.visits if tir[id(t)])]
     order = list(range(len(occurrences)))
     if module_equality == "anchor-block":
@@ -132,14 +166,25 @@ def to_extracted_tasks(
             weights[hit] += 1
     names = NameSupply("")
     result = []
-    for (_, task), weight in reversed(list(zip(firsts, weights))):
+    for (_, task), weight in reversed(list(zip(firsts, weights, strict=True))):
         relay_mod = IRModule({tvm.ir.GlobalVar(task.name): task.func})
         name = names.fresh_name(task.name)
-        result.append(ms.ExtractedTask(name, relay_mod, target, [tir[id(task)]], weight))
+        extracted = ms.ExtractedTask(name, relay_mod, target, [tir[id(task)]], weight)
+        result.append((task, extracted))
     return result
 
 
-def _tir_module(converter: Any, task: Task) -> IRModule | None:
+def tir_module(task: Task, converter_name: str = "default") -> IRModule | None:
+    """The task's TE compute as the TIR module MetaSchedule tunes (None where declined).
+
+    Runs the TIR converter upstream's PassContext names (``relay.backend.tir_converter``).
+    """
+    converter = tvm.get_global_func(f"relay.backend.tir_converter.{converter_name}", True)
+    if converter is None:
+        raise ModelError(
+            f"unknown relay.backend.tir_converter {converter_name!r}; use 'default' or "
+            "'allow_extern', or register relay.backend.tir_converter.<name> first"
+        )
     constants = [data for _, data in task.lowered.constants]
     func = converter(task.lowered.tir_args(), constants)
     if func is None:  # the converter declines dynamic shapes and non-compute ops

@@ -1,0 +1,125 @@
+"""Side-by-side benchmark: upstream's task extraction against relay-tasks, in one run.
+
+Every measurement runs in a fresh process (so import costs, caches and peak RSS are per row), the
+rows alternate upstream/ours, and the table reports medians over ``--repeat`` runs, the task
+counts, whether the task lists are equal, and the ratio upstream/ours.
+
+    python bench/extract.py                         # ResNet-50 on x86 and CUDA, MetaSchedule
+    python bench/extract.py --models resnet-18 mobilenet vgg-16 --targets x86 --repeat 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+TARGETS = {
+    "x86": "llvm -mtriple=x86_64-linux-gnu -mcpu=skylake-avx512",
+    "cuda": "cuda -arch=sm_80",
+}
+TUNERS = ("meta_schedule",)
+
+
+def _measure(side: str, tuner: str, model: str, target: str) -> dict[str, Any]:
+    """Runs inside the worker process: one extraction, timed, summarised."""
+    import resource
+
+    import tvm
+
+    import relay_tasks  # noqa: F401  (environment: no TopHub download)
+    from relay_tasks.zoo import load_zoo_model
+
+    mod, params = load_zoo_model(model)
+    tgt = tvm.target.Target(target)
+    started = time.perf_counter()
+    rows = _extract(side, tuner, mod, tgt, params)
+    seconds = time.perf_counter() - started
+    return {
+        "seconds": seconds,
+        "rows": rows,
+        "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+
+
+def _extract(side: str, tuner: str, mod: Any, target: Any, params: Any) -> list[list[Any]]:
+    import tvm
+
+    if tuner == "meta_schedule":
+        if side == "upstream":
+            from tvm.meta_schedule.relay_integration import extract_tasks
+
+            tasks = extract_tasks(mod, target, params)
+        else:
+            from relay_tasks.adapters.meta_schedule import extract_task_from_relay
+
+            tasks = extract_task_from_relay(mod, target, params)
+        return [
+            [t.task_name, int(t.weight), [tvm.ir.structural_hash(m) for m in t.dispatched]]
+            for t in tasks
+        ]
+    raise ValueError(f"unknown tuner {tuner}")
+
+
+def _run_worker(side: str, tuner: str, model: str, target: str) -> dict[str, Any]:
+    cmd = [sys.executable, __file__, "--worker", side, tuner, model, target]
+    done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ})
+    if done.returncode != 0:
+        tail = done.stderr.strip().splitlines()[-1:] or ["(no output)"]
+        return {"error": tail[0]}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["resnet-50"])
+    parser.add_argument("--targets", nargs="+", choices=list(TARGETS), default=["x86", "cuda"])
+    parser.add_argument("--tuners", nargs="+", choices=TUNERS, default=["meta_schedule"])
+    parser.add_argument("--repeat", type=int, default=1, help="runs per side; medians reported")
+    parser.add_argument("--worker", nargs=4, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(_measure(*args.worker)))
+        return 0
+
+    header = (
+        f"{'tuner':<14}{'model':<12}{'target':<7}{'upstream s':>11}{'ours s':>9}{'ratio':>8}"
+        f"{'tasks up/ours':>15}{'equal':>7}{'RSS MiB up/ours':>17}"
+    )
+    print(header)
+    print("-" * len(header))
+    for tuner in args.tuners:
+        for model in args.models:
+            for tname in args.targets:
+                print(_row(tuner, model, tname, args.repeat), flush=True)
+    return 0
+
+
+def _row(tuner: str, model: str, tname: str, repeat: int) -> str:
+    runs: dict[str, list[dict[str, Any]]] = {"upstream": [], "ours": []}
+    for _ in range(repeat):
+        for side in runs:
+            runs[side].append(_run_worker(side, tuner, model, TARGETS[tname]))
+    errors = [r["error"] for side in runs.values() for r in side if "error" in r]
+    if errors:
+        return f"{tuner:<14}{model:<12}{tname:<7}  failed: {errors[0]}"
+    up, ours = runs["upstream"], runs["ours"]
+    t_up = statistics.median(r["seconds"] for r in up)
+    t_ours = statistics.median(r["seconds"] for r in ours)
+    equal = all(r["rows"] == up[0]["rows"] for r in up + ours)
+    rss_up = max(r["rss_mib"] for r in up)
+    rss_ours = max(r["rss_mib"] for r in ours)
+    counts = f"{len(up[0]['rows'])}/{len(ours[0]['rows'])}"
+    return (
+        f"{tuner:<14}{model:<12}{tname:<7}{t_up:>11.2f}{t_ours:>9.2f}{t_up / t_ours:>7.1f}x"
+        f"{counts:>15}{'yes' if equal else 'NO':>7}{f'{rss_up:.0f}/{rss_ours:.0f}':>17}"
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

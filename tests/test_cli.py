@@ -1,0 +1,203 @@
+"""The CLI, run in-process: exact outputs, and one line plus an exit code for every bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relay
+
+from relay_tasks.cli import EXIT_USAGE, build_parser, main
+from relay_tasks.errors import ModelError, TargetError
+
+import oracles
+from zoo import CUDA, X86
+
+TINY_TABLE = """\
+#  task                        weight  anchor op
+0  fused_nn_dense_add_nn_relu       1  nn.dense
+"""
+
+
+@pytest.fixture()
+def tiny_model(tmp_path: Path) -> tuple[Path, Path]:
+    """dense + bias + relu as Relay text and a params file, as a user would save them."""
+    data = relay.var("data", shape=(1, 8))
+    w, b = relay.var("w", shape=(4, 8)), relay.var("b", shape=(4,))
+    func = relay.Function(
+        [data, w, b], relay.nn.relu(relay.nn.bias_add(relay.nn.dense(data, w), b))
+    )
+    text_path, params_path = tmp_path / "tiny.relay", tmp_path / "tiny.params"
+    text_path.write_text(tvm.IRModule.from_expr(func).astext())
+    rng = np.random.default_rng(0)
+    params = {
+        "w": tvm.nd.array(rng.standard_normal((4, 8)).astype("float32")),
+        "b": tvm.nd.array(rng.standard_normal(4).astype("float32")),
+    }
+    params_path.write_bytes(relay.save_param_dict(params))
+    return text_path, params_path
+
+
+def test_table_for_a_relay_text_model(tiny_model, capsys) -> None:
+    text, params = tiny_model
+    assert main(["extract", str(text), "--params", str(params), "--target", X86]) == 0
+    assert capsys.readouterr().out == TINY_TABLE
+    # The row is upstream's task: one fused dense + bias + relu.
+    mod = tvm.relay.parse(text.read_text())
+    (upstream,) = tvm.meta_schedule.relay_integration.extract_tasks(
+        mod, tvm.target.Target(X86), relay.load_param_dict(params.read_bytes())
+    )
+    assert (upstream.task_name, upstream.weight) == ("fused_nn_dense_add_nn_relu", 1)
+
+
+def test_json_for_a_zoo_model_matches_upstream(capsys) -> None:
+    assert main(["extract", "resnet-18", "--target", X86, "--format", "json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    upstream = oracles.meta_schedule("resnet-18", X86)
+    assert document["target"] == str(tvm.target.Target(X86))
+    assert document["tuner"] == "meta_schedule"
+    assert document["model"] == "resnet-18"
+    assert [(t["index"], t["name"], t["weight"]) for t in document["tasks"]] == [
+        (i, t.task_name, t.weight) for i, t in enumerate(upstream)
+    ]
+    assert {t["anchor_op"] for t in document["tasks"]} >= {"nn.contrib_conv2d_NCHWc", "nn.dense"}
+    assert set(document["tasks"][0]) == {"index", "name", "weight", "anchor_op", "key"}
+
+
+def test_output_file_gets_the_result_and_stdout_stays_empty(tiny_model, tmp_path, capsys) -> None:
+    text, params = tiny_model
+    out_file = tmp_path / "tasks.txt"
+    assert (
+        main(["extract", str(text), "--params", str(params), "--target", X86, "-o", str(out_file)])
+        == 0
+    )
+    assert capsys.readouterr().out == ""
+    assert out_file.read_text() == TINY_TABLE
+
+
+def test_module_equality_option(capsys) -> None:
+    assert (
+        main(
+            [
+                "extract",
+                "resnet-18",
+                "--target",
+                CUDA,
+                "--module-equality",
+                "anchor-block",
+                "--format",
+                "json",
+            ]
+        )
+        == 0
+    )
+    document = json.loads(capsys.readouterr().out)
+    upstream = oracles.meta_schedule("resnet-18", CUDA, "anchor-block")
+    assert [t["name"] for t in document["tasks"]] == [t.task_name for t in upstream]
+
+
+def test_default_model_is_resnet_50_for_the_host_cpu() -> None:
+    args = build_parser().parse_args(["extract"])
+    assert (args.model, args.target, args.tuner, args.format) == (
+        "resnet-50",
+        None,
+        "meta_schedule",
+        "table",
+    )
+
+
+def _bad_text(tmp_path: Path) -> Path:
+    path = tmp_path / "bad.relay"
+    path.write_text(
+        '#[version = "0.0.5"]\ndef @main(%x: Tensor[(1, 4), float32]) { nn.relux(%x) }\n'
+    )
+    return path
+
+
+def _bad_params(tmp_path: Path) -> list[str]:
+    path = tmp_path / "garbage.params"
+    path.write_bytes(b"not a params file")
+    return ["--params", str(path)]
+
+
+@pytest.mark.parametrize(
+    ("argv", "code", "message"),
+    [
+        (
+            ["extract", "no-such-model"],
+            ModelError.exit_code,
+            "no-such-model: no such file, and not a built-in model (built-ins: resnet-18,",
+        ),
+        (
+            ["extract", "resnet-18", "--target", "gpu9000"],
+            TargetError.exit_code,
+            "unknown or malformed target 'gpu9000'",
+        ),
+        (
+            ["extract", "{bad_text}"],
+            ModelError.exit_code,
+            "not valid Relay text: operator `nn.relux` not found",
+        ),
+        (
+            ["extract", "{tiny}", "{bad_params}"],
+            ModelError.exit_code,
+            "garbage.params: not a params file written by relay.save_param_dict",
+        ),
+        (
+            ["extract", "resnet-18", "--params", "x.params"],
+            ModelError.exit_code,
+            "built-in model 'resnet-18' brings its own params; drop --params",
+        ),
+        (
+            ["extract", "{tiny}", "-o", "/nonexistent/dir/out.txt", "--target", X86],
+            ModelError.exit_code,
+            "/nonexistent/dir/out.txt: cannot write the output file",
+        ),
+    ],
+    ids=[
+        "unknown-model",
+        "unknown-target",
+        "bad-relay-text",
+        "bad-params-file",
+        "params-for-zoo",
+        "unwritable-output",
+    ],
+)
+def test_errors_are_one_line_and_an_exit_code(argv, code, message, tiny_model, tmp_path, capsys):
+    text, _ = tiny_model
+    fill = {
+        "{bad_text}": [str(_bad_text(tmp_path))],
+        "{tiny}": [str(text)],
+        "{bad_params}": _bad_params(tmp_path),
+    }
+    args = [a for arg in argv for a in fill.get(arg, [arg])]
+    assert main(args) == code
+    out, err = capsys.readouterr()
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert lines[-1].startswith("relay-tasks: error: ")
+    assert message in lines[-1]
+    assert "Traceback" not in err
+
+
+def test_params_that_match_nothing_fail_in_one_line(tiny_model, tmp_path, capsys) -> None:
+    text, _ = tiny_model
+    other = tmp_path / "other.params"
+    other.write_bytes(relay.save_param_dict({"weight": tvm.nd.array(np.zeros(2, "float32"))}))
+    assert main(["extract", str(text), "--params", str(other), "--target", X86]) == 3
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        "relay-tasks: error: 1 param(s) match no parameter of main: weight; main's "
+        "parameters are: data, w, b; check the names, or drop params that belong to "
+        "another model"
+    )
+
+
+def test_usage_errors_exit_2(capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["extract", "--format", "yaml"])
+    assert exit_info.value.code == EXIT_USAGE
+    assert "invalid choice: 'yaml'" in capsys.readouterr().err

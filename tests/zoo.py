@@ -1,0 +1,61 @@
+"""The test model zoo: built-in networks plus the small graphs, built once per session.
+
+Rows name a model and carry its pytest marks, so every table-driven test runs the same zoo and
+the slow networks are selected with ``-m slow`` (or ``-m ''`` for everything).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import tvm
+
+from relay_tasks.zoo import load_zoo_model
+
+from small_graphs import SMALL_GRAPHS
+
+X86 = "llvm -mtriple=x86_64-linux-gnu -mcpu=skylake-avx512"
+CUDA = "cuda -arch=sm_80"
+TARGETS = {"x86": X86, "cuda": CUDA}
+
+#: Networks from tvm.relay.testing; only ResNet-18 runs by default.
+NETWORKS = {
+    "resnet-18": (),
+    "resnet-50": (pytest.mark.slow,),
+    "mobilenet": (pytest.mark.slow,),
+    "vgg-16": (pytest.mark.slow,),
+}
+SMALL = list(SMALL_GRAPHS)
+
+
+def model_rows(*, small: bool = True, networks: bool = True) -> list[pytest.param]:
+    rows = []
+    if small:
+        rows += [pytest.param(name, id=name) for name in SMALL]
+    if networks:
+        rows += [pytest.param(name, marks=marks, id=name) for name, marks in NETWORKS.items()]
+    return rows
+
+
+def model_target_rows(**which: bool) -> list[pytest.param]:
+    rows = []
+    for row in model_rows(**which):
+        for tname, target in TARGETS.items():
+            rows.append(
+                pytest.param(row.values[0], target, marks=row.marks, id=f"{row.values[0]}-{tname}")
+            )
+    return rows
+
+
+@functools.cache
+def _build(name: str) -> tuple[tvm.IRModule, dict[str, tvm.nd.NDArray]]:
+    if name in SMALL_GRAPHS:
+        return SMALL_GRAPHS[name]()
+    return load_zoo_model(name)
+
+
+def load(name: str) -> tuple[tvm.IRModule, dict[str, tvm.nd.NDArray]]:
+    """A private copy of a zoo model: upstream's extractors bind params into the module they get."""
+    mod, params = _build(name)
+    return tvm.IRModule(dict(mod.functions.items()), dict(mod.type_definitions.items())), params
