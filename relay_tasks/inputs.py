@@ -53,10 +53,16 @@ def as_module(mod: Any) -> IRModule:
             f"'main' is a {type(mod['main']).__name__}, not a Relay function; "
             "relay-tasks extracts from Relay models only"
         )
-    copy = IRModule(dict(mod.functions.items()), dict(mod.type_definitions.items()))
-    for key, value in (mod.attrs or {}).items():
-        copy = copy.with_attr(key, value)
-    return type_check(copy)
+    return type_check(with_functions(mod, {}))
+
+
+def with_functions(mod: IRModule, updates: Mapping[Any, relay.Function]) -> IRModule:
+    """A new module: ``mod`` with some functions replaced (keyed by GlobalVar or name)."""
+    functions = dict(mod.functions.items())
+    for key, func in updates.items():
+        gvar = mod.get_global_var(key) if isinstance(key, str) else key
+        functions[gvar] = func
+    return IRModule(functions, dict(mod.type_definitions.items()), attrs=mod.attrs)
 
 
 def type_check(mod: IRModule) -> IRModule:

@@ -9,6 +9,7 @@ so an operator whose TE schedule is broken or missing for the target still yield
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,9 +97,7 @@ class _TELowering:
             tensors = []
             for ttype in _flatten_tuple_type(param.checked_type):
                 name = param.name_hint or "placeholder"
-                tensors.append(
-                    te.placeholder(te_compiler.get_shape(ttype.shape), ttype.dtype, name)
-                )
+                tensors.append(te.placeholder(te_shape(ttype.shape), ttype.dtype, name))
             inputs.extend(tensors)
             self._remember(param, tensors)
         outputs = self.visit(func.body)
@@ -155,7 +154,7 @@ class _TELowering:
         base = self.readable.replace(".", "_") + "_constant"
         self.constant_bases.append(base)
         name = self.constant_names.fresh_name(base)
-        tensor = te.placeholder(te_compiler.get_shape(ttype.shape), ttype.dtype, name)
+        tensor = te.placeholder(te_shape(ttype.shape), ttype.dtype, name)
         self.constants.append((tensor, data))
         return [tensor]
 
@@ -179,7 +178,8 @@ class _TELowering:
             lowered = te_compiler.lower_call(anchor, inputs, self.target, call.checked_type)
             self.qnn_registered.clear()
         else:
-            lowered = te_compiler.lower_call(call, inputs, self.target)
+            otype = _return_type(call.checked_type)
+            lowered = te_compiler.lower_call(call, inputs, self.target, otype)
         outputs = list(lowered.outputs)
         if len(outputs) != 1 and not isinstance(call.checked_type, relay.TupleType):
             raise ExtractionError(f"{op.name} returned {len(outputs)} tensors for a non-tuple type")
@@ -207,6 +207,42 @@ class _TELowering:
             for pat in _QNN_PATTERNS
             for i in range(len(seq) - len(pat) + 1)
         )
+
+
+@functools.cache
+def _index_is_int64() -> bool:
+    return str(tvm.support.libinfo().get("INDEX_DEFAULT_I64", "OFF")) == "ON"
+
+
+def te_shape(shape: Any) -> list[Any]:
+    """Upstream's ``GetShape``: constant dims as int32 (unless TVM indexes with int64), ``Any``
+    dims as size vars. ``te_compiler.get_shape`` does the same but rebuilds TVM's whole
+    ``libinfo`` dictionary for every dimension, which made it the slowest step of lowering."""
+    result: list[Any] = []
+    for dim in shape:
+        if isinstance(dim, tir.IntImm):
+            result.append(dim if _index_is_int64() else tir.IntImm("int32", int(dim)))
+        elif isinstance(dim, tir.Any):
+            result.append(te.size_var("any_dim", "int32"))
+        else:
+            result.append(dim)
+    return result
+
+
+def _return_type(ttype: Any) -> Any:
+    """The output type ``lower_call`` would derive from a call's type, computed once here."""
+    if isinstance(ttype, relay.TensorType):
+        return relay.TensorType(te_shape(ttype.shape), ttype.dtype)
+    if isinstance(ttype, relay.TupleType):
+        return relay.TupleType(
+            [
+                relay.TensorType(te_shape(f.shape), f.dtype)
+                if isinstance(f, relay.TensorType)
+                else f
+                for f in ttype.fields
+            ]
+        )
+    return ttype
 
 
 def _flatten_tuple_type(ty: Any) -> list[relay.TensorType]:

@@ -139,6 +139,24 @@ def repeated_blocks() -> Workload:
     return _module(out), params
 
 
+def simplify_patterns() -> Workload:
+    """Patterns SimplifyExpr rewrites (x * 1, x + x, reshape of reshape, cast of cast, ...)."""
+    rng = np.random.default_rng(8)
+    data = relay.var("data", shape=(2, 8, 4))
+    w = relay.var("w", shape=(8, 8))
+    out = relay.reshape(relay.reshape(data, (16, 4)), (2, 32))
+    out = relay.multiply(out, relay.const(1.0, "float32"))
+    out = out + out
+    out = relay.reshape(out, (8, 8))
+    out = relay.nn.dense(out, w)
+    out = relay.cast(relay.cast(relay.cast(out, "float32"), "float16"), "float32")
+    out = relay.transpose(relay.transpose(out, (1, 0)), (1, 0))
+    out = (out + relay.const(1.5, "float32")) * relay.const(2.0, "float32")
+    out = out * relay.const(3.0, "float32") * relay.const(0.5, "float32")
+    out = relay.clip(out, -3.4028234663852886e38, 3.4028234663852886e38)
+    return _module(out), _weights(rng, w=(8, 8))
+
+
 SMALL_GRAPHS: dict[str, Callable[[], Workload]] = {
     "conv_bias_bn_relu": conv_bias_bn_relu,
     "depthwise_conv": depthwise_conv,
@@ -147,4 +165,5 @@ SMALL_GRAPHS: dict[str, Callable[[], Workload]] = {
     "concat_pool": concat_pool,
     "scalar_chain": scalar_chain,
     "repeated_blocks": repeated_blocks,
+    "simplify_patterns": simplify_patterns,
 }

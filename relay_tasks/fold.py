@@ -1,0 +1,392 @@
+"""Constant folding in numpy, bit-identical to TVM's ``FoldConstant`` for the ops it covers.
+
+Upstream's ``FoldConstant`` evaluates every call whose arguments are all constants by compiling it
+with LLVM and running it (a fresh build and MCJIT load per call: about 80% of upstream's
+extraction time). The weights-side arithmetic that reaches it (batch-norm folding, layout changes
+of weights) is IEEE-exact in numpy, so this module evaluates those calls directly and leaves the
+rest, and every structural subtlety of the pass (let-inlining, tuples, ``if``, ``shape_of``),
+to TVM's own ``FoldConstant``, which then runs over a graph with nothing left to compile.
+
+A call is folded here only when its op has an evaluator below, its inputs are free of NaN (whose
+payload is not portable), and the result has exactly the shape and dtype Relay inferred for the
+call; anything else falls through to TVM.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import tvm
+from tvm import relay
+
+from .inputs import with_functions
+
+Array = npt.NDArray[Any]
+Evaluator = Callable[[Any, Sequence[Array]], Array | None]
+
+#: Dtypes whose arithmetic is done here; others (float16, integers) go to TVM.
+_ARITH_DTYPES = frozenset({"float32", "float64"})
+
+
+def _arith(fn: Callable[..., Array]) -> Evaluator:
+    def evaluate(attrs: Any, args: Sequence[Array]) -> Array | None:
+        if any(str(a.dtype) not in _ARITH_DTYPES for a in args):
+            return None
+        with np.errstate(all="ignore"):
+            return np.asarray(fn(*args), dtype=args[0].dtype)
+
+    return evaluate
+
+
+def _negative(x: Array) -> Array:
+    # TOPI's negative is 0 - x, so -(0.0) stays +0.0 where numpy's unary minus gives -0.0.
+    return np.subtract(np.asarray(0, dtype=x.dtype), x)
+
+
+def _rsqrt(x: Array) -> Array:
+    # TVM lowers rsqrt to 1 / sqrt(x) for llvm: two correctly rounded steps, as here.
+    return np.divide(np.asarray(1, dtype=x.dtype), np.sqrt(x))
+
+
+def _expand_dims(attrs: Any, args: Sequence[Array]) -> Array:
+    (x,) = args
+    axis = int(attrs.axis)
+    if axis < 0:
+        axis += x.ndim + 1
+    return x.reshape(x.shape[:axis] + (1,) * int(attrs.num_newaxis) + x.shape[axis:])
+
+
+def _squeeze(attrs: Any, args: Sequence[Array]) -> Array:
+    (x,) = args
+    if attrs.axis is None:
+        return x.reshape([d for d in x.shape if d != 1])
+    axes = {int(a) % x.ndim for a in attrs.axis}
+    return x.reshape([d for i, d in enumerate(x.shape) if i not in axes])
+
+
+def _transpose(attrs: Any, args: Sequence[Array]) -> Array:
+    (x,) = args
+    axes = None if attrs.axes is None else [int(a) for a in attrs.axes]
+    return np.ascontiguousarray(np.transpose(x, axes))
+
+
+def _reshape_like_type(attrs: Any, args: Sequence[Array]) -> Array | None:
+    # The target shape comes from the call's inferred type (checked by the caller), which
+    # sidesteps Relay's special reshape codes (0, -1, -2, -3, -4).
+    return args[0]
+
+
+def _concatenate(attrs: Any, args: Sequence[Array]) -> Array:
+    return np.concatenate(list(args), axis=int(attrs.axis))
+
+
+def _pad(attrs: Any, args: Sequence[Array]) -> Array | None:
+    x, pad_value = args
+    if str(attrs.pad_mode) != "constant":
+        return None
+    widths = [(int(lo), int(hi)) for lo, hi in attrs.pad_width]
+    if any(lo < 0 or hi < 0 for lo, hi in widths):
+        return None
+    return np.pad(x, widths, mode="constant", constant_values=pad_value.astype(x.dtype).item())
+
+
+def _cast(attrs: Any, args: Sequence[Array]) -> Array | None:
+    (x,) = args
+    # Float-to-float conversions round to nearest even in both numpy and LLVM. Conversions with
+    # integers have target-specific overflow behaviour, and TVM's float64 -> float16 is not
+    # numpy's (it turns 1.0 into 0 on this build), so TVM does those.
+    if (str(x.dtype), str(attrs.dtype)) in _EXACT_CASTS:
+        return x.astype(str(attrs.dtype))
+    return None
+
+
+_EXACT_CASTS = frozenset(
+    {
+        ("float16", "float16"),
+        ("float16", "float32"),
+        ("float16", "float64"),
+        ("float32", "float16"),
+        ("float32", "float32"),
+        ("float32", "float64"),
+        ("float64", "float32"),
+        ("float64", "float64"),
+    }
+)
+
+
+def _layout_transform(attrs: Any, args: Sequence[Array]) -> Array | None:
+    return layout_transform(args[0], str(attrs.src_layout), str(attrs.dst_layout))
+
+
+def _winograd_weight_transform(attrs: Any, args: Sequence[Array]) -> Array | None:
+    """TOPI's ``conv2d_winograd_weight_transform``: G . kernel . G^T, summed as TVM runs it.
+
+    The generic CPU schedule keeps the reduction order of the TE compute (kh outer, kw inner,
+    starting from 0) and LLVM may not reassociate without fast-math, so adding the float32
+    products in that same order here gives the same bits (checked against TVM in the tests).
+    """
+    from tvm.topi.nn.winograd_util import _cook_toom_convolution, _interpolation_points
+
+    (kernel,) = args
+    if kernel.dtype != np.float32 or kernel.ndim != 4 or kernel.shape[2] != kernel.shape[3]:
+        return None
+    tile, size = int(attrs.tile_size), kernel.shape[3]
+    if not (1 < tile < 9 and 2 < size < 8):
+        return None
+    _, _, g_data = _cook_toom_convolution(_interpolation_points(tile + size - 2), tile, size)
+    g = g_data.astype(np.float32)
+    alpha = tile + size - 1
+    acc = np.zeros((alpha, alpha, *kernel.shape[:2]), dtype=np.float32)
+    for kh in range(size):
+        for kw in range(size):
+            scaled = kernel[None, :, :, kh, kw] * g[:, kh, None, None]
+            acc = acc + scaled[:, None] * g[None, :, kw, None, None]
+    return acc
+
+
+def _batch_flatten(attrs: Any, args: Sequence[Array]) -> Array:
+    (x,) = args
+    return x.reshape(x.shape[0], -1)
+
+
+EVALUATORS: dict[str, Evaluator] = {
+    "add": _arith(np.add),
+    "subtract": _arith(np.subtract),
+    "multiply": _arith(np.multiply),
+    "divide": _arith(np.divide),
+    "negative": _arith(_negative),
+    "sqrt": _arith(np.sqrt),
+    "rsqrt": _arith(_rsqrt),
+    "expand_dims": _expand_dims,
+    "squeeze": _squeeze,
+    "transpose": _transpose,
+    "reshape": _reshape_like_type,
+    "copy": lambda attrs, args: args[0].copy(),
+    "nn.batch_flatten": _batch_flatten,
+    "concatenate": _concatenate,
+    "nn.pad": _pad,
+    "cast": _cast,
+    "layout_transform": _layout_transform,
+    "nn.contrib_conv2d_winograd_weight_transform": _winograd_weight_transform,
+}
+
+
+def layout_transform(x: Array, src: str, dst: str) -> Array | None:
+    """Relay's ``layout_transform`` in numpy, zero-padding split axes as TOPI does."""
+    src_axes, dst_axes = _parse_layout(src), _parse_layout(dst)
+    if src_axes is None or dst_axes is None or len(src_axes) != x.ndim:
+        return None
+    src_primals = [name for name, factor in src_axes if factor is None]
+    dst_primals = [name for name, factor in dst_axes if factor is None]
+    if sorted(src_primals) != sorted(dst_primals):
+        return None
+    # 1. Merge each split axis of the source back into its primal axis.
+    order: list[int] = []
+    merged: list[int] = []
+    for name in src_primals:
+        outer = src_axes.index((name, None))
+        inner = [i for i, (n, f) in enumerate(src_axes) if f is not None and n == name.lower()]
+        order += [outer, *inner]
+        merged.append(int(np.prod([x.shape[i] for i in [outer, *inner]])))
+    y = x.transpose(order).reshape(merged)
+    # 2. Primal axes into the destination's order.
+    y = y.transpose([src_primals.index(name) for name in dst_primals])
+    # 3. Pad each axis the destination splits to a multiple of its factor, then split.
+    factors = {n.upper(): f for n, f in dst_axes if f is not None}
+    pads = [(0, -y.shape[k] % factors.get(name, 1)) for k, name in enumerate(dst_primals)]
+    if any(hi for _, hi in pads):
+        y = np.pad(y, pads)
+    split_shape: list[int] = []
+    position: dict[tuple[str, int | None], int] = {}
+    for k, name in enumerate(dst_primals):
+        factor = factors.get(name)
+        position[(name, None)] = len(split_shape)
+        if factor is None:
+            split_shape.append(y.shape[k])
+        else:
+            split_shape += [y.shape[k] // factor, factor]
+            position[(name.lower(), factor)] = len(split_shape) - 1
+    y = y.reshape(split_shape)
+    return np.ascontiguousarray(y.transpose([position[axis] for axis in dst_axes]))
+
+
+def _parse_layout(layout: str) -> list[tuple[str, int | None]] | None:
+    axes: list[tuple[str, int | None]] = []
+    digits = ""
+    for char in layout:
+        if char.isdigit():
+            digits += char
+        elif char.isupper() and not digits:
+            axes.append((char, None))
+        elif char.islower() and digits:
+            axes.append((char, int(digits)))
+            digits = ""
+        else:
+            return None
+    names = [n for n, _ in axes]
+    if digits or len(set(names)) != len(names):
+        return None
+    # Every split axis needs its primal axis.
+    if any(f is not None and (n.upper(), None) not in axes for n, f in axes):
+        return None
+    return axes
+
+
+def evaluate_call(call: relay.Call, args: Sequence[Array], ttype: Any = None) -> Array | None:
+    """The value of ``call`` (whose arguments are the constants ``args``), or None.
+
+    None means TVM must evaluate it: no evaluator, NaN inputs, or a result whose shape or dtype
+    differs from the call's type (``ttype``, inferred here when not given).
+    """
+    evaluator = EVALUATORS.get(call.op.name)
+    if evaluator is None:
+        return None
+    if any(a.dtype.kind == "f" and np.isnan(a).any() for a in args):
+        return None
+    try:
+        result = evaluator(call.attrs, args)
+    except (ValueError, TypeError, IndexError):
+        return None
+    if result is None:
+        return None
+    if ttype is None:
+        try:
+            ttype = relay.transform.InferTypeLocal(call)
+        except tvm.TVMError:
+            return None
+    if not isinstance(ttype, relay.TensorType) or str(ttype.dtype) != str(result.dtype):
+        return None
+    shape = tuple(int(d) for d in ttype.shape)
+    if result.size != int(np.prod(shape)) or (result.shape != shape and call.op.name != "reshape"):
+        return None
+    return np.ascontiguousarray(result).reshape(shape)
+
+
+def prefold_function(func: relay.Function) -> relay.Function:
+    """Replace each call that numpy can evaluate (all args constant) by its value."""
+    order: list[Any] = []
+    relay.analysis.post_order_visit(func, order.append)
+    if any(_needs_tvm(n) for n in order):
+        return func
+    memo: dict[int, relay.Expr] = {}
+    values: dict[int, Array] = {}
+
+    def get(expr: Any) -> Any:
+        return memo.get(expr.handle.value, expr) if isinstance(expr, relay.Expr) else expr
+
+    def value_of(expr: relay.Expr) -> Array | None:
+        if not isinstance(expr, relay.Constant):
+            return None
+        key = expr.handle.value
+        if key not in values:
+            values[key] = np.from_dlpack(expr.data)  # a read-only view: no copy of the weights
+        return values[key]
+
+    for node in order:
+        new = _rebuild(node, get)
+        if new is None:
+            return func  # a node kind this folder does not rebuild: leave it all to TVM
+        if isinstance(new, relay.Call) and isinstance(new.op, tvm.ir.Op):
+            args = _constant_args(new, value_of)
+            if args is not None:
+                result = evaluate_call(new, args, _known_type(node))
+                if result is not None:
+                    new = relay.Constant(tvm.nd.array(result))
+        memo[node.handle.value] = new
+    return memo[func.handle.value]
+
+
+def _known_type(node: relay.Expr) -> Any:
+    """The type inference gave ``node`` before folding, if it has run on it."""
+    try:
+        return node.checked_type
+    except ValueError:
+        return None
+
+
+def _constant_args(
+    call: relay.Call, value_of: Callable[[relay.Expr], Array | None]
+) -> list[Array] | None:
+    if not call.args:
+        return None
+    flat: list[Array] = []
+    for arg in call.args:
+        fields = arg.fields if isinstance(arg, relay.Tuple) else [arg]
+        for field in fields:
+            value = value_of(field)
+            if value is None:
+                return None
+            flat.append(value)
+    return flat
+
+
+_TYPE_DEPENDENT_OPS = frozenset({"shape_of", "vm.shape_of", "ndarray_size"})
+
+
+def _needs_tvm(node: Any) -> bool:
+    """Graph features whose folding depends on more than values: left entirely to TVM.
+
+    FoldConstant never folds inside primitive functions, and it folds ``shape_of`` from the types
+    of the original nodes, which a rebuilt graph would not carry.
+    """
+    if isinstance(node, relay.Function):
+        attrs = node.attrs
+        return attrs is not None and "Primitive" in attrs and int(attrs["Primitive"]) != 0
+    return isinstance(node, tvm.ir.Op) and node.name in _TYPE_DEPENDENT_OPS
+
+
+def _rebuild(node: Any, get: Callable[[Any], Any]) -> Any:
+    """``node`` with its children replaced by their rewritten forms (itself when unchanged)."""
+    if isinstance(node, (relay.Var, relay.Constant, tvm.ir.Op, relay.GlobalVar)):
+        return node
+    if isinstance(node, relay.Call):
+        op, args = get(node.op), [get(a) for a in node.args]
+        if op.same_as(node.op) and all(a.same_as(b) for a, b in zip(args, node.args, strict=True)):
+            return node
+        return relay.Call(op, args, node.attrs, node.type_args, node.span)
+    if isinstance(node, relay.Tuple):
+        fields = [get(f) for f in node.fields]
+        if all(a.same_as(b) for a, b in zip(fields, node.fields, strict=True)):
+            return node
+        return relay.Tuple(fields, node.span)
+    if isinstance(node, relay.TupleGetItem):
+        tup = get(node.tuple_value)
+        return node if tup.same_as(node.tuple_value) else relay.TupleGetItem(tup, node.index)
+    if isinstance(node, relay.Function):
+        body = get(node.body)
+        if body.same_as(node.body):
+            return node
+        return relay.Function(
+            node.params, body, node.ret_type, node.type_params, node.attrs, node.span
+        )
+    if isinstance(node, relay.Let):
+        value, body = get(node.value), get(node.body)
+        if value.same_as(node.value) and body.same_as(node.body):
+            return node
+        return relay.Let(node.var, value, body)
+    if isinstance(node, relay.If):
+        parts = [get(node.cond), get(node.true_branch), get(node.false_branch)]
+        if all(
+            a.same_as(b)
+            for a, b in zip(parts, (node.cond, node.true_branch, node.false_branch), strict=True)
+        ):
+            return node
+        return relay.If(*parts)
+    return None
+
+
+@tvm.transform.module_pass(opt_level=2, name="FoldConstant")
+class FoldConstant:
+    """Drop-in for ``relay.transform.FoldConstant()``: numpy first, TVM for what remains."""
+
+    def transform_module(self, mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        updates = {}
+        for gvar, func in mod.functions.items():
+            if isinstance(func, relay.Function):
+                folded = prefold_function(func)
+                if not folded.same_as(func):
+                    updates[gvar] = folded
+        return relay.transform.FoldConstant()(with_functions(mod, updates))

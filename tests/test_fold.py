@@ -1,0 +1,339 @@
+"""The numpy constant folder: bit-identical to TVM's FoldConstant, and it never compiles.
+
+Property tests build random constant calls of every covered op and compare our value with what
+TVM's own ``FoldConstantExpr`` computes (an LLVM build per example, hence the modest default
+budget; set ``RELAY_TASKS_FOLD_EXAMPLES`` for more).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import numpy as np
+import pytest
+import tvm
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+from tvm import relay
+from tvm.ir.instrument import pass_instrument
+
+from relay_tasks.adapters.meta_schedule import DEFAULT_PASS_CONFIG
+from relay_tasks.fold import EVALUATORS, evaluate_call, layout_transform, prefold_function
+from relay_tasks.inputs import as_module
+from relay_tasks.pipeline import PassSettings, extraction_scope, optimize
+
+from zoo import CUDA, X86, load, model_target_rows
+
+EXAMPLES = int(os.environ.get("RELAY_TASKS_FOLD_EXAMPLES", "20"))
+FOLD = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+_tvm_fold = tvm.get_global_func("relay._transform.FoldConstantExpr")
+
+
+def _const(value: np.ndarray) -> relay.Constant:
+    """A constant of exactly this dtype (``relay.const`` turns float64 into float32)."""
+    return relay.Constant(tvm.nd.array(np.asarray(value)))
+
+
+def _tvm_value(call: relay.Expr) -> np.ndarray:
+    folded = _tvm_fold(call, tvm.IRModule(), False)
+    assert isinstance(folded, relay.Constant), "TVM did not fold the call"
+    return folded.data.numpy()
+
+
+def _assert_same_bits(ours: np.ndarray, theirs: np.ndarray) -> None:
+    assert ours.dtype == theirs.dtype and ours.shape == theirs.shape
+    width = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[ours.dtype.itemsize]
+    assert np.array_equal(ours.view(width), theirs.view(width))
+
+
+def _check(call: relay.Call, args: list[np.ndarray]) -> np.ndarray | None:
+    """Our value for ``call`` (None: routed to TVM), checked bit for bit against TVM's."""
+    typed = relay.transform.InferTypeLocal(call)
+    ours = evaluate_call(call, args, typed)
+    if ours is not None:
+        _assert_same_bits(ours, _tvm_value(call))
+    return ours
+
+
+def _floats(dtype: str, shape: tuple[int, ...]) -> st.SearchStrategy[np.ndarray]:
+    width = 64 if dtype == "float64" else 32
+    values = [0.0, -0.0, 1.0, -1.0, np.inf, -np.inf, 3.4e38, 1e-7]
+    special = st.sampled_from([float(np.dtype(dtype).type(v)) for v in values])
+    finite = st.floats(-1e6, 1e6, width=width)
+    tiny = st.floats(-(2.0**-126), 2.0**-126, width=width, allow_subnormal=True)
+    return hnp.arrays(dtype, shape, elements=st.one_of(finite, special, tiny))
+
+
+shapes = hnp.array_shapes(min_dims=0, max_dims=4, max_side=5)
+
+
+@FOLD
+@given(
+    op=st.sampled_from(["add", "subtract", "multiply", "divide"]),
+    dtype=st.sampled_from(["float32", "float64"]),
+    shape_pair=hnp.mutually_broadcastable_shapes(num_shapes=2, max_dims=4, max_side=4),
+    data=st.data(),
+)
+def test_binary_arithmetic_is_bit_exact(op, dtype, shape_pair, data) -> None:
+    a_shape, b_shape = shape_pair.input_shapes
+    a = data.draw(_floats(dtype, a_shape))
+    b = data.draw(_floats(dtype, b_shape))
+    call = getattr(relay, op)(_const(a), _const(b))
+    assert _check(call, [a, b]) is not None
+
+
+@FOLD
+@given(
+    op=st.sampled_from(["negative", "sqrt", "rsqrt"]),
+    dtype=st.sampled_from(["float32", "float64"]),
+    shape=shapes,
+    data=st.data(),
+)
+def test_unary_arithmetic_is_bit_exact(op, dtype, shape, data) -> None:
+    x = data.draw(_floats(dtype, shape))
+    call = getattr(relay, op)(_const(x))
+    assert _check(call, [x]) is not None
+
+
+@FOLD
+@given(dtype=st.sampled_from(["float16", "int32", "int8"]), shape=shapes, data=st.data())
+def test_other_dtypes_go_to_tvm(dtype, shape, data) -> None:
+    elements = st.floats(-100, 100, width=16) if dtype == "float16" else st.integers(-100, 100)
+    a = data.draw(hnp.arrays(dtype, shape, elements=elements))
+    call = relay.add(_const(a), _const(a))
+    assert evaluate_call(call, [a, a], relay.transform.InferTypeLocal(call)) is None
+
+
+def test_nan_inputs_go_to_tvm() -> None:
+    a = np.array([1.0, np.nan], "float32")
+    call = relay.add(_const(a), _const(a))
+    assert evaluate_call(call, [a, a], relay.transform.InferTypeLocal(call)) is None
+
+
+@FOLD
+@given(x=_floats("float32", (2, 1, 3, 1)), axis=st.integers(-5, 4), count=st.integers(1, 2))
+def test_expand_dims(x, axis, count) -> None:
+    assert _check(relay.expand_dims(_const(x), axis, count), [x]) is not None
+
+
+@FOLD
+@given(x=_floats("float32", (1, 3, 1, 2)), axis=st.sampled_from([None, [0], [2], [0, 2], [-2]]))
+def test_squeeze(x, axis) -> None:
+    assert _check(relay.squeeze(_const(x), axis), [x]) is not None
+
+
+@FOLD
+@given(
+    x=_floats("float32", (2, 3, 4)), axes=st.sampled_from([None, [1, 0, 2], [2, 0, 1], [0, -1, 1]])
+)
+def test_transpose(x, axes) -> None:
+    assert _check(relay.transpose(_const(x), axes), [x]) is not None
+
+
+@FOLD
+@given(
+    x=_floats("float32", (2, 3, 4)),
+    newshape=st.sampled_from([(24,), (-1,), (0, -1), (4, 0, -1), (-3, 4), (2, -4, 1, 3, 4), (-2,)]),
+)
+def test_reshape_with_special_codes(x, newshape) -> None:
+    assert _check(relay.reshape(_const(x), newshape), [x]) is not None
+
+
+@FOLD
+@given(
+    parts=st.lists(_floats("float32", (2, 3)), min_size=1, max_size=3),
+    axis=st.sampled_from([0, 1, -1]),
+)
+def test_concatenate(parts, axis) -> None:
+    call = relay.concatenate([_const(p) for p in parts], axis)
+    assert _check(call, parts) is not None
+
+
+@FOLD
+@given(
+    x=_floats("float32", (2, 3)),
+    widths=st.tuples(
+        st.tuples(st.integers(0, 2), st.integers(0, 2)),
+        st.tuples(st.integers(0, 2), st.integers(0, 2)),
+    ),
+    value=st.floats(-2, 2, width=32),
+)
+def test_pad(x, widths, value) -> None:
+    call = relay.nn.pad(_const(x), widths, _const(np.float32(value)))
+    assert _check(call, [x, np.asarray(value, "float32")]) is not None
+
+
+@FOLD
+@given(
+    src=st.sampled_from(["float16", "float32", "float64"]),
+    dst=st.sampled_from(["float16", "float32", "float64"]),
+    data=st.data(),
+)
+def test_float_casts(src, dst, data) -> None:
+    x = data.draw(hnp.arrays(src, (3, 4), elements=st.floats(-65504, 65504, width=16)))
+    ours = _check(relay.cast(_const(x), dst), [x])
+    assert (ours is None) == ((src, dst) == ("float64", "float16"))
+
+
+@pytest.mark.parametrize(
+    ("src", "dst", "shape"),
+    [
+        ("NCHW", "NCHW16c", (1, 32, 5, 5)),
+        ("NCHW", "NCHW16c", (1, 3, 4, 4)),  # C=3 is zero-padded up to 16
+        ("NCHW16c", "NCHW", (1, 2, 3, 3, 16)),
+        ("OIHW", "OIHW16i16o", (32, 16, 3, 3)),
+        ("OIHW", "OIHW4i8o", (8, 6, 1, 1)),
+        ("NHWC", "NCHW", (1, 4, 5, 3)),
+        ("HWIO", "OIHW", (3, 3, 4, 8)),
+        ("OIHW", "HWOI", (8, 4, 3, 3)),
+        ("NCHW4c", "NCHW8c", (1, 4, 2, 2, 4)),
+        ("OIHW", "OIHW1i4o", (6, 3, 1, 1)),  # O=6 padded to 8
+    ],
+)
+def test_layout_transforms(src: str, dst: str, shape: tuple[int, ...]) -> None:
+    x = np.random.default_rng(0).standard_normal(shape).astype("float32")
+    call = relay.layout_transform(_const(x), src, dst)
+    ours = _check(call, [x])
+    assert ours is not None
+    assert layout_transform(x, src, dst) is not None
+
+
+@pytest.mark.parametrize(("tile", "kernel"), [(2, 3), (4, 3), (6, 3), (2, 5)])
+def test_winograd_weight_transform(tile: int, kernel: int) -> None:
+    # (TVM's own evaluation of large tiles with 5x5 kernels takes minutes to compile.)
+    rng = np.random.default_rng(tile * 10 + kernel)
+    for scale in (1e-3, 1.0, 1e3):
+        w = (rng.standard_normal((8, 4, kernel, kernel)) * scale).astype("float32")
+        call = relay.nn.contrib_conv2d_winograd_weight_transform(_const(w), tile)
+        assert _check(call, [w]) is not None
+
+
+def test_every_evaluator_is_exercised_here() -> None:
+    tested = {
+        "add",
+        "subtract",
+        "multiply",
+        "divide",
+        "negative",
+        "sqrt",
+        "rsqrt",
+        "expand_dims",
+        "squeeze",
+        "transpose",
+        "reshape",
+        "concatenate",
+        "nn.pad",
+        "cast",
+        "layout_transform",
+        "nn.contrib_conv2d_winograd_weight_transform",
+        "copy",
+        "nn.batch_flatten",
+    }
+    assert set(EVALUATORS) <= tested, set(EVALUATORS) - tested
+
+
+@pytest.mark.parametrize("op", ["copy", "nn.batch_flatten"])
+def test_copy_and_batch_flatten(op: str) -> None:
+    x = np.random.default_rng(1).standard_normal((2, 3, 4)).astype("float32")
+    call = relay.copy(_const(x)) if op == "copy" else relay.nn.batch_flatten(_const(x))
+    assert _check(call, [x]) is not None
+
+
+@contextmanager
+def _counting_llvm_builds(label=lambda: "") -> Iterator[list[str]]:
+    """Record every LLVM build TVM makes (FoldConstant's evaluator compiles each call it folds)."""
+    original = tvm.get_global_func("target.build.llvm")
+    builds: list[str] = []
+
+    def counting(mod, target):
+        builds.append(label())
+        return original(mod, target)
+
+    tvm.register_func("target.build.llvm", counting, override=True)
+    try:
+        yield builds
+    finally:
+        tvm.register_func("target.build.llvm", original, override=True)
+
+
+@pass_instrument
+class _CurrentPass:
+    def __init__(self) -> None:
+        self.stack: list[str] = []
+
+    def run_before_pass(self, mod, info) -> None:
+        self.stack.append(str(info.name))
+
+    def run_after_pass(self, mod, info) -> None:
+        self.stack.pop()
+
+
+def _builds_by_pass(model: str, target: str) -> list[str]:
+    mod, params = load(model)
+    current = _CurrentPass()
+    settings = PassSettings(config=dict(DEFAULT_PASS_CONFIG))
+    context = tvm.transform.PassContext(3, config=dict(DEFAULT_PASS_CONFIG), instruments=[current])
+    with (
+        _counting_llvm_builds(lambda: current.stack[0] if current.stack else "") as builds,
+        extraction_scope(tvm.target.Target(target), settings),
+        context,
+    ):
+        optimize(as_module(mod), params)
+    return builds
+
+
+@pytest.mark.parametrize(
+    ("model", "target"), [r for r in model_target_rows() if r.values[0] != "simplify_patterns"]
+)
+def test_the_pipeline_never_compiles(model: str, target: str) -> None:
+    assert _builds_by_pass(model, target) == []
+
+
+def test_only_simplify_expr_folds_inside_itself() -> None:
+    """SimplifyExpr's own rewrites (x + c1) * c2 and x * c1 * c2 fold c1 * c2 with TVM inside
+    the C++ pass, out of our reach; on graphs that have them, those are the only builds."""
+    builds = _builds_by_pass("simplify_patterns", X86)
+    assert builds and set(builds) == {"SimplifyExpr"}
+
+
+def test_uncovered_ops_fall_back_to_tvm_and_agree() -> None:
+    x = np.linspace(-3, 3, 12, dtype="float32").reshape(3, 4)
+    body = relay.exp(_const(x)) * _const(np.float32(2.0))
+    func = relay.Function([], body)
+    with _counting_llvm_builds() as builds:
+        ours = relay.transform.FoldConstant()(tvm.IRModule.from_expr(prefold_function(func)))
+    theirs = relay.transform.FoldConstant()(tvm.IRModule.from_expr(func))
+    assert builds, "exp is not covered, so TVM must have evaluated it"
+    assert tvm.ir.structural_equal(ours["main"], theirs["main"])
+
+
+def test_prefold_leaves_shape_of_graphs_to_tvm() -> None:
+    x = relay.var("x", shape=(2, 3))
+    body = relay.add(relay.shape_of(x), _const(np.array([1, 1], "int32")))
+    func = relay.Function(
+        [x],
+        relay.multiply(_const(np.float32(2)), _const(np.float32(3)))
+        + relay.sum(relay.cast(body, "float32")),
+    )
+    assert prefold_function(func).same_as(func)
+
+
+@pytest.mark.parametrize("target", [X86, CUDA])
+def test_folded_module_equals_upstream_fold_constant(target: str) -> None:
+    """Whole pipeline up to FuseOps, ours vs upstream's pass prefix: the same module."""
+    mod, params = load("conv_bias_bn_relu")
+    tgt = tvm.target.Target(target)
+    with extraction_scope(tgt, PassSettings(config=dict(DEFAULT_PASS_CONFIG))):
+        ours = optimize(as_module(mod), params)
+        bound = relay.build_module.bind_params_by_name(load("conv_bias_bn_relu")[0]["main"], params)
+        prefix = tvm.get_global_func("relay.backend.GetPassPrefixSeq")(True, True)
+        seq = tvm.transform.Sequential([prefix, relay.transform.FuseOps()])
+        theirs = seq(tvm.IRModule.from_expr(bound))
+    assert tvm.ir.structural_equal(ours["main"], theirs["main"])

@@ -1,0 +1,134 @@
+"""The pass pipeline: upstream's pass prefix, pass for pass, and the screened simplifications."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import tvm
+from tvm import relay
+from tvm.ir.instrument import pass_instrument
+
+from relay_tasks import simplify
+from relay_tasks.adapters.meta_schedule import DEFAULT_PASS_CONFIG
+from relay_tasks.inputs import as_module
+from relay_tasks.pipeline import (
+    Group,
+    PassSettings,
+    bind_params,
+    extraction_scope,
+    pass_prefix,
+    run_passes,
+)
+
+from zoo import X86, load, model_target_rows
+
+
+@pass_instrument
+class _PassLog:
+    """Names of the passes run, with their nesting depth."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.runs: list[tuple[int, str]] = []
+
+    def run_before_pass(self, mod: Any, info: Any) -> None:
+        self.runs.append((self.depth, str(info.name)))
+        self.depth += 1
+
+    def run_after_pass(self, mod: Any, info: Any) -> None:
+        self.depth -= 1
+
+
+def _leaf_passes(runs: list[tuple[int, str]]) -> list[str]:
+    """Transform passes in order, without InferType, group wrappers, and the upstream pass that
+    each of our same-named stand-ins (FoldConstant, SimplifyExpr...) runs inside itself."""
+    names: list[str] = []
+    stack: list[str] = []
+    for depth, name in runs:
+        del stack[depth:]
+        nested_in_stand_in = bool(stack) and stack[-1] == name
+        stack.append(name)
+        if nested_in_stand_in or name in ("InferType", "sequential", "FoldScaleAxis"):
+            continue
+        names.append(name)
+    return names
+
+
+@pytest.mark.parametrize(
+    ("opt_level", "disabled"),
+    [(3, ()), (2, ()), (3, ("AlterOpLayout",)), (4, ()), (3, ("FoldScaleAxis", "FoldConstant"))],
+)
+def test_same_passes_as_upstreams_prefix(opt_level: int, disabled: tuple[str, ...]) -> None:
+    mod, params = load("conv_bias_bn_relu")
+    target = tvm.target.Target(X86)
+    theirs, ours = _PassLog(), _PassLog()
+    bound = bind_params(as_module(mod), params)
+    with target, tvm.transform.PassContext(opt_level, disabled_pass=disabled, instruments=[theirs]):
+        tvm.get_global_func("relay.backend.GetPassPrefixSeq")(True, True)(bound)
+    with target, tvm.transform.PassContext(opt_level, disabled_pass=disabled, instruments=[ours]):
+        run_passes(pass_prefix(), bound)
+    assert _leaf_passes(ours.runs) == _leaf_passes(theirs.runs)
+
+
+def test_groups_are_enabled_as_a_whole() -> None:
+    prefix = pass_prefix()
+    (group,) = [step for step in prefix if isinstance(step, Group)]
+    assert group.name == "FoldScaleAxis"
+    assert [p.info.name for p in group.passes] == [
+        "BackwardFoldScaleAxis",
+        "ForwardFoldScaleAxis",
+        "FoldConstant",
+    ]
+
+
+@pytest.mark.parametrize(("model", "target"), model_target_rows())
+def test_screened_simplifications_skip_only_no_ops(model: str, target: str) -> None:
+    """Wherever a screen says "nothing to rewrite", the real pass indeed changes nothing."""
+    real = {
+        "SimplifyExpr": (relay.transform.SimplifyExpr, simplify.SIMPLIFY_EXPR_SCREENS),
+        "SimplifyExprPostAlterOp": (
+            tvm.get_global_func("relay._transform.SimplifyExprPostAlterOp"),
+            simplify.POST_ALTER_OP_SCREENS,
+        ),
+    }
+    mod, params = load(model)
+    checked = 0
+    with extraction_scope(
+        tvm.target.Target(target), PassSettings(config=dict(DEFAULT_PASS_CONFIG))
+    ):
+        current = bind_params(as_module(mod), params)
+        for step in pass_prefix():
+            name = step.name if isinstance(step, Group) else str(step.info.name)
+            if name in real:
+                typed = relay.transform.InferType()(current)
+                make_pass, screens = real[name]
+                if not simplify.might_rewrite(typed, screens):
+                    assert tvm.ir.structural_equal(make_pass()(typed)["main"], typed["main"])
+                    checked += 1
+            current = run_passes([step], current)
+    assert checked or model == "simplify_patterns"
+
+
+def test_screens_fire_on_every_rewrite_they_stand_for() -> None:
+    mod, _ = load("simplify_patterns")
+    typed = relay.transform.InferType()(mod)
+    calls: list[relay.Call] = []
+    relay.analysis.post_order_visit(
+        typed["main"],
+        lambda n: calls.append(n) if isinstance(n, relay.Call) else None,
+    )
+    fired = {
+        screen.__name__ if hasattr(screen, "__name__") else repr(screen)
+        for screen in simplify.SIMPLIFY_EXPR_SCREENS
+        for call in calls
+        if screen(call)
+    }
+    assert {
+        "_identity_operand",
+        "_add_self",
+        "_same_cast",
+        "_switch_add_multiply",
+        "_adjacent_multiply_or_add",
+        "_clip_covers_dtype",
+    } <= fired
