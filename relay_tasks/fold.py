@@ -253,10 +253,7 @@ def evaluate_call(call: relay.Call, args: Sequence[Array], ttype: Any = None) ->
     if result is None:
         return None
     if ttype is None:
-        try:
-            ttype = relay.transform.InferTypeLocal(call)
-        except tvm.TVMError:
-            return None
+        ttype = _known_type(call)
     if not isinstance(ttype, relay.TensorType) or str(ttype.dtype) != str(result.dtype):
         return None
     shape = tuple(int(d) for d in ttype.shape)
@@ -265,61 +262,139 @@ def evaluate_call(call: relay.Call, args: Sequence[Array], ttype: Any = None) ->
     return np.ascontiguousarray(result).reshape(shape)
 
 
-def prefold_function(func: relay.Function) -> relay.Function:
-    """Replace each call that numpy can evaluate (all args constant) by its value."""
-    order: list[Any] = []
-    relay.analysis.post_order_visit(func, order.append)
-    if any(_needs_tvm(n) for n in order):
-        return func
-    memo: dict[int, relay.Expr] = {}
-    values: dict[int, Array] = {}
-
-    def get(expr: Any) -> Any:
-        return memo.get(expr.handle.value, expr) if isinstance(expr, relay.Expr) else expr
-
-    def value_of(expr: relay.Expr) -> Array | None:
-        if not isinstance(expr, relay.Constant):
-            return None
-        key = expr.handle.value
-        if key not in values:
-            values[key] = np.from_dlpack(expr.data)  # a read-only view: no copy of the weights
-        return values[key]
-
-    for node in order:
-        new = _rebuild(node, get)
-        if new is None:
-            return func  # a node kind this folder does not rebuild: leave it all to TVM
-        if isinstance(new, relay.Call) and isinstance(new.op, tvm.ir.Op):
-            args = _constant_args(new, value_of)
-            if args is not None:
-                result = evaluate_call(new, args, _known_type(node))
-                if result is not None:
-                    new = relay.Constant(tvm.nd.array(result))
-        memo[node.handle.value] = new
-    return memo[func.handle.value]
+#: In the last FoldConstant, results at least this large are not computed unless read.
+DEFER_MIN_ELEMENTS = 4096
 
 
-def _known_type(node: relay.Expr) -> Any:
-    """The type inference gave ``node`` before folding, if it has run on it."""
+def prefold_function(func: relay.Function, *, defer: bool = False) -> relay.Function:
+    """Replace each call that numpy can evaluate (all args constant) by its value.
+
+    With ``defer``, large results are not computed: the call becomes a constant of the right type
+    whose buffer is filled only when something reads it. That is for the pipeline's last
+    FoldConstant, where what is left of the weights (layout and Winograd transforms) only becomes
+    arguments of fused functions: no pass after it reads those values and no task contains them.
+    """
+    return _Prefolder(defer).fold(func)
+
+
+class _Prefolder:
+    def __init__(self, defer: bool) -> None:
+        self.defer = defer
+        self.views: dict[int, Array] = {}
+        self.pending: dict[int, Callable[[], Array]] = {}
+
+    def fold(self, func: relay.Function) -> relay.Function:
+        order: list[Any] = []
+        relay.analysis.post_order_visit(func, order.append)
+        if any(_needs_tvm(n) for n in order):
+            return func
+        memo: dict[int, relay.Expr] = {}
+
+        def get(expr: Any) -> Any:
+            return memo.get(expr.handle.value, expr) if isinstance(expr, relay.Expr) else expr
+
+        for node in order:
+            new = _rebuild(node, get)
+            if new is None:
+                return func  # a node kind this folder does not rebuild: leave it all to TVM
+            if isinstance(new, relay.Call) and isinstance(new.op, tvm.ir.Op):
+                new = self._fold_call(new, node)
+            memo[node.handle.value] = new
+        folded = memo[func.handle.value]
+        self._fill_what_tvm_will_read(folded)
+        return folded
+
+    def _fold_call(self, call: relay.Call, original: relay.Call) -> relay.Expr:
+        operands = _constant_operands(call)
+        if operands is None or call.op.name not in EVALUATORS:
+            return call
+        ttype = _known_type(original, call)
+        if self.defer and _is_large(ttype):
+            return self._deferred_constant(call, operands, ttype)
+        result = evaluate_call(call, [self.value_of(c) for c in operands], ttype)
+        return call if result is None else relay.Constant(tvm.nd.array(result))
+
+    def _deferred_constant(
+        self, call: relay.Call, operands: list[relay.Constant], ttype: Any
+    ) -> relay.Constant:
+        shape = [int(d) for d in ttype.shape]
+        const = relay.Constant(tvm.nd.empty(shape, str(ttype.dtype)))
+
+        def compute() -> Array:
+            result = evaluate_call(call, [self.value_of(c) for c in operands], ttype)
+            if result is None:  # numpy declines (NaN, say): TVM computes it after all
+                result = _fold_with_tvm(call)
+            return result
+
+        self.pending[const.handle.value] = compute
+        return const
+
+    def value_of(self, const: relay.Constant) -> Array:
+        key = const.handle.value
+        compute = self.pending.pop(key, None)
+        if compute is not None:
+            const.data.copyfrom(compute())
+        if key not in self.views:
+            self.views[key] = _view(const.data)
+        return self.views[key]
+
+    def _fill_what_tvm_will_read(self, func: relay.Function) -> None:
+        """TVM's FoldConstant runs next and evaluates calls whose args are all constant."""
+        if not self.pending:
+            return
+
+        def visit(node: Any) -> None:
+            if isinstance(node, relay.Call) and isinstance(node.op, tvm.ir.Op):
+                for const in _constant_operands(node) or ():
+                    self.value_of(const)
+
+        relay.analysis.post_order_visit(func, visit)
+
+
+def _is_large(ttype: Any) -> bool:
+    if not isinstance(ttype, relay.TensorType):
+        return False
+    dims = [d for d in ttype.shape]
+    if not all(isinstance(d, tvm.tir.IntImm) for d in dims):
+        return False
+    return int(np.prod([int(d) for d in dims])) >= DEFER_MIN_ELEMENTS
+
+
+def _view(data: tvm.nd.NDArray) -> Array:
+    """The constant's data as numpy, without copying where DLPack allows."""
+    try:
+        return np.asarray(np.from_dlpack(data))
+    except (RuntimeError, TypeError, BufferError):
+        return np.asarray(data.numpy())  # dtypes DLPack export does not cover (bool)
+
+
+def _fold_with_tvm(call: relay.Call) -> Array:
+    folded = tvm.get_global_func("relay._transform.FoldConstantExpr")(call, tvm.IRModule(), False)
+    return np.asarray(folded.data.numpy())
+
+
+def _known_type(node: relay.Expr, rebuilt: relay.Expr | None = None) -> Any:
+    """The type inference gave ``node``, or else the type inferred now for ``rebuilt`` (the same
+    call with constant arguments, which is cheap to type)."""
     try:
         return node.checked_type
     except ValueError:
-        return None
+        try:
+            return relay.transform.InferTypeLocal(node if rebuilt is None else rebuilt)
+        except tvm.TVMError:
+            return None
 
 
-def _constant_args(
-    call: relay.Call, value_of: Callable[[relay.Expr], Array | None]
-) -> list[Array] | None:
+def _constant_operands(call: relay.Call) -> list[relay.Constant] | None:
+    """The call's arguments when all are constants (tuples of constants flattened)."""
     if not call.args:
         return None
-    flat: list[Array] = []
+    flat: list[relay.Constant] = []
     for arg in call.args:
-        fields = arg.fields if isinstance(arg, relay.Tuple) else [arg]
-        for field in fields:
-            value = value_of(field)
-            if value is None:
+        for field in arg.fields if isinstance(arg, relay.Tuple) else [arg]:
+            if not isinstance(field, relay.Constant):
                 return None
-            flat.append(value)
+            flat.append(field)
     return flat
 
 
@@ -380,13 +455,22 @@ def _rebuild(node: Any, get: Callable[[Any], Any]) -> Any:
 
 @tvm.transform.module_pass(opt_level=2, name="FoldConstant")
 class FoldConstant:
-    """Drop-in for ``relay.transform.FoldConstant()``: numpy first, TVM for what remains."""
+    """Drop-in for ``relay.transform.FoldConstant()``: numpy first, TVM for what remains.
+
+    ``last=True`` marks the pipeline's final fold before FuseOps, where large results may be
+    deferred (see :func:`prefold_function`), unless FuseOps will link constants into the fused
+    functions (``relay.FuseOps.link_params``).
+    """
+
+    def __init__(self, last: bool = False) -> None:
+        self.last = last
 
     def transform_module(self, mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        defer = self.last and not bool(ctx.config.get("relay.FuseOps.link_params", False))
         updates = {}
         for gvar, func in mod.functions.items():
             if isinstance(func, relay.Function):
-                folded = prefold_function(func)
+                folded = prefold_function(func, defer=defer)
                 if not folded.same_as(func):
                     updates[gvar] = folded
         return relay.transform.FoldConstant()(with_functions(mod, updates))

@@ -122,7 +122,7 @@ def pass_prefix() -> list[Step]:
         transform.AlterOpLayout(),
         SimplifyExprPostAlterOp(),
         transform.FastMath(),
-        FoldConstant(),
+        FoldConstant(last=True),
     ]
 
 

@@ -327,13 +327,53 @@ def test_prefold_leaves_shape_of_graphs_to_tvm() -> None:
 
 @pytest.mark.parametrize("target", [X86, CUDA])
 def test_folded_module_equals_upstream_fold_constant(target: str) -> None:
-    """Whole pipeline up to FuseOps, ours vs upstream's pass prefix: the same module."""
+    """Whole pipeline up to FuseOps, ours vs upstream's pass prefix: the same module.
+
+    With ``link_params`` FuseOps puts the weights inside the fused functions, so every folded
+    value is compared here, and our last fold computes them all (nothing is deferred).
+    """
     mod, params = load("conv_bias_bn_relu")
     tgt = tvm.target.Target(target)
-    with extraction_scope(tgt, PassSettings(config=dict(DEFAULT_PASS_CONFIG))):
+    config = {**DEFAULT_PASS_CONFIG, "relay.FuseOps.link_params": True}
+    with extraction_scope(tgt, PassSettings(config=config)):
         ours = optimize(as_module(mod), params)
         bound = relay.build_module.bind_params_by_name(load("conv_bias_bn_relu")[0]["main"], params)
         prefix = tvm.get_global_func("relay.backend.GetPassPrefixSeq")(True, True)
         seq = tvm.transform.Sequential([prefix, relay.transform.FuseOps()])
         theirs = seq(tvm.IRModule.from_expr(bound))
     assert tvm.ir.structural_equal(ours["main"], theirs["main"])
+
+
+def _fold_both(func: relay.Function) -> tuple[tvm.IRModule, tvm.IRModule]:
+    from relay_tasks.fold import FoldConstant
+
+    mod = relay.transform.InferType()(tvm.IRModule.from_expr(func))
+    with tvm.transform.PassContext(opt_level=3):
+        return FoldConstant(last=True)(mod), relay.transform.FoldConstant()(mod)
+
+
+def test_deferred_results_are_computed_when_something_reads_them() -> None:
+    w = np.random.default_rng(2).standard_normal((64, 128)).astype("float32")
+    chain = relay.transpose(relay.reshape(relay.const(w), (128, 64)))  # both large: deferred
+    func = relay.Function([], relay.exp(chain))  # exp is TVM's to fold: it reads the chain
+    ours, theirs = _fold_both(func)
+    assert tvm.ir.structural_equal(ours["main"], theirs["main"])
+
+
+def test_deferred_results_that_nothing_reads_are_never_computed(monkeypatch) -> None:
+    from relay_tasks import fold
+
+    calls: list[str] = []
+    real = fold.EVALUATORS["reshape"]
+    monkeypatch.setitem(fold.EVALUATORS, "reshape", lambda a, x: calls.append("r") or real(a, x))
+    w = np.random.default_rng(3).standard_normal((64, 128)).astype("float32")
+    x = relay.var("x", shape=(128, 64))
+    func = relay.Function([x], relay.add(x, relay.reshape(relay.const(w), (128, 64))))
+    ours, theirs = _fold_both(func)
+    folded, upstream = ours["main"].body.args[1], theirs["main"].body.args[1]
+    assert isinstance(folded, relay.Constant)
+    assert folded.data.shape == upstream.data.shape and folded.data.dtype == upstream.data.dtype
+    assert calls == []  # the last fold left the value of a fused function's argument alone
+    small = relay.Function([x], relay.add(x, relay.reshape(relay.const(w[:1, :64]), (64,))))
+    _fold_both(small)
+    assert calls == ["r"]  # small results are computed as usual

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from . import meta_schedule
+from . import autotvm, meta_schedule
 from .base import Adapter, TunerTask
 
-ADAPTERS: dict[str, Adapter] = {adapter.name: adapter for adapter in (meta_schedule.ADAPTER,)}
+ADAPTERS: dict[str, Adapter] = {
+    adapter.name: adapter for adapter in (meta_schedule.ADAPTER, autotvm.ADAPTER)
+}
 
 
 def get_adapter(tuner: str | Adapter) -> Adapter:

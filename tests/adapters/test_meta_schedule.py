@@ -8,11 +8,15 @@ from tvm import meta_schedule as ms
 
 from relay_tasks import ModelError
 from relay_tasks.adapters import get_adapter
-from relay_tasks.adapters.meta_schedule import MODULE_EQUALITIES, extract_task_from_relay
+from relay_tasks.adapters.meta_schedule import (
+    DEFAULT_PASS_CONFIG,
+    MODULE_EQUALITIES,
+    extract_task_from_relay,
+)
 
 import oracles
 from checks import assert_same_extracted_tasks
-from zoo import X86, load, model_target_rows
+from zoo import CUDA, X86, load, model_target_rows
 
 
 @pytest.mark.parametrize("module_equality", MODULE_EQUALITIES)
@@ -72,3 +76,30 @@ def test_disabled_pass_and_opt_level_match_upstream() -> None:
     )
     actual = extract_task_from_relay(mod, X86, params, opt_level=2, disabled_pass=["AlterOpLayout"])
     assert_same_extracted_tasks(list(expected), actual)
+
+
+@pytest.mark.parametrize("target", [X86, CUDA])
+def test_linked_params_equal_upstream(target: str) -> None:
+    """With relay.FuseOps.link_params the weights are inside the tasks: all values must match."""
+    config = {**DEFAULT_PASS_CONFIG, "relay.FuseOps.link_params": True}
+    mod, params = load("conv_bias_bn_relu")
+    expected = ms.relay_integration.extract_tasks(
+        load("conv_bias_bn_relu")[0], tvm.target.Target(target), params, pass_config=config
+    )
+    assert any(_has_tensor_constant(t) for t in expected), "link_params linked no weights"
+    actual = extract_task_from_relay(mod, target, params, pass_config=config)
+    assert_same_extracted_tasks(list(expected), actual)
+
+
+def _has_tensor_constant(task) -> bool:
+    found: list[bool] = []
+    for func in task.mod.functions.values():
+        tvm.relay.analysis.post_order_visit(
+            func,
+            lambda n: (
+                found.append(True)
+                if isinstance(n, tvm.relay.Constant) and len(n.data.shape) > 0
+                else None
+            ),
+        )
+    return bool(found)
