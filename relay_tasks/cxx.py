@@ -8,8 +8,10 @@ upstream exactly we reproduce those algorithms here, each checked against upstre
 
 from __future__ import annotations
 
+import ctypes
+import functools
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 _MASK = (1 << 64) - 1
 _MUL = (0xC6A4A793 << 32) + 0x5BD1E995
@@ -180,3 +182,97 @@ def _adjust_heap(
         hole = parent
         parent = (hole - 1) // 2
     a[first + hole] = value
+
+
+class _RehashPolicy(ctypes.Structure):
+    _fields_ = [("max_load_factor", ctypes.c_float), ("next_resize", ctypes.c_size_t)]
+
+
+class _RehashDecision(ctypes.Structure):
+    _fields_ = [("needed", ctypes.c_bool), ("buckets", ctypes.c_size_t)]
+
+
+@functools.cache
+def _need_rehash() -> Any:
+    """libstdc++'s own ``_Prime_rehash_policy::_M_need_rehash`` (its prime table and growth).
+
+    It is an exported, non-inlined function of the very libstdc++ TVM runs on, so calling it
+    gives the bucket counts TVM's hash maps go through without copying its tables here.
+    """
+    function = ctypes.CDLL("libstdc++.so.6")[
+        "_ZNKSt8__detail20_Prime_rehash_policy14_M_need_rehashEmmm"
+    ]
+    function.restype = _RehashDecision
+    function.argtypes = [
+        ctypes.POINTER(_RehashPolicy),
+        ctypes.c_size_t,
+        ctypes.c_size_t,
+        ctypes.c_size_t,
+    ]
+    return function
+
+
+def unordered_map_order(hashes: Sequence[int]) -> list[int]:
+    """Iteration order of a ``std::unordered_map`` after inserting keys with these hash codes.
+
+    Keys are distinct and inserted in the given order; the result lists their indices in the
+    order iteration visits them. This follows libstdc++'s ``_Hashtable``: one singly linked list
+    of nodes, each bucket pointing at the node before its first, new nodes inserted at the front
+    of their bucket, and a rehash that relinks the nodes bucket by bucket.
+    """
+    policy = _RehashPolicy(1.0, 0)
+    bucket_count = 1
+    following: dict[int, int | None] = {}
+    head: int | None = None  # the sentinel's successor
+    sentinel = -1
+    before: list[int | None] = [None]  # per bucket: the node before its first node
+    for node, code in enumerate(hashes):
+        decision = _need_rehash()(ctypes.byref(policy), bucket_count, node, 1)
+        if decision.needed:
+            bucket_count = int(decision.buckets)
+            before, head = _rehash(hashes, following, head, bucket_count, sentinel)
+        bucket = code % bucket_count
+        previous = before[bucket]
+        if previous is None:
+            following[node], head = head, node
+            if following[node] is not None:
+                before[hashes[following[node]] % bucket_count] = node  # type: ignore[index]
+            before[bucket] = sentinel
+        elif previous == sentinel:
+            following[node], head = head, node
+        else:
+            following[node], following[previous] = following[previous], node
+    order: list[int] = []
+    cursor = head
+    while cursor is not None:
+        order.append(cursor)
+        cursor = following[cursor]
+    return order
+
+
+def _rehash(
+    hashes: Sequence[int],
+    following: dict[int, int | None],
+    head: int | None,
+    bucket_count: int,
+    sentinel: int,
+) -> tuple[list[int | None], int | None]:
+    before: list[int | None] = [None] * bucket_count
+    cursor, head = head, None
+    first_bucket = 0
+    while cursor is not None:
+        successor = following[cursor]
+        bucket = hashes[cursor] % bucket_count
+        previous = before[bucket]
+        if previous is None:
+            following[cursor], head = head, cursor
+            before[bucket] = sentinel
+            if following[cursor] is not None:
+                before[first_bucket] = cursor
+            first_bucket = bucket
+        elif previous == sentinel:
+            following[cursor], head = head, cursor
+        else:
+            following[cursor], following[previous] = following[previous], cursor
+        cursor = successor
+    return before, head

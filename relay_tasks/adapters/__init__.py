@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from . import autotvm, meta_schedule
+from . import ansor, autotvm, meta_schedule
 from .base import Adapter, TunerTask
 
 ADAPTERS: dict[str, Adapter] = {
-    adapter.name: adapter for adapter in (meta_schedule.ADAPTER, autotvm.ADAPTER)
+    adapter.name: adapter for adapter in (meta_schedule.ADAPTER, autotvm.ADAPTER, ansor.ADAPTER)
 }
 
 

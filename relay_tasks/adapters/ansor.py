@@ -1,0 +1,228 @@
+"""Ansor (auto_scheduler): shared tasks -> ``SearchTask`` and weights, equal to upstream's.
+
+Upstream compiles the model with the VM compiler under a ``TracingEnvironment``: every function
+the compiler lowers is handed, by name, to ``auto_schedule_topi``, which records its workload
+key; at the end the compiler reports how often each function was used (``op_weights``) and the
+environment's weights are rebuilt from that report. The tasks come out in the order of that
+report, which is the iteration order of the compiler's hash-map cache (keyed by a hash of the
+labelled function and the target) copied through two TVM maps. This adapter hands the same
+functions, under the same names, to the same ``auto_schedule_topi``, and replays the report in the
+same order, so workload keys, descriptions, weights and order all come out equal.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import tvm
+from tvm import auto_scheduler, relay, te, topi
+from tvm.auto_scheduler import relay_integration as upstream
+from tvm.auto_scheduler.relay_integration import TracingEnvironment, TracingMode
+from tvm.ir.supply import NameSupply
+from tvm.target import Target
+
+from ..cxx import hash_combine, std_hash_string, unordered_map_order
+from ..errors import ModelError
+from ..extract import Task, run_extraction
+from ..inputs import ParamsLike, TargetLike, as_target
+from ..pipeline import PassSettings
+from .base import Adapter, TunerTask
+
+NAME = "ansor"
+PASS_CONFIG = {"relay.backend.use_auto_scheduler": True}
+#: Upstream extracts before the layout rewrite that tuning results would drive.
+DISABLED_PASSES = frozenset({"AutoSchedulerLayoutRewrite"})
+#: The module name the VM compiler gives its lowered functions.
+VM_MODULE_NAME = "vm_mod"
+
+
+def extract_tasks(
+    mod: Any,
+    params: ParamsLike,
+    target: TargetLike,
+    target_host: TargetLike | None = None,
+    hardware_params: Any = None,
+    include_simple_tasks: bool = False,
+    dump_workload_to_dag_log: str | None = None,
+    opt_level: int = 3,
+) -> tuple[list[auto_scheduler.SearchTask], list[int]]:
+    """Extract Ansor search tasks and weights, equal to ``auto_scheduler.extract_tasks``.
+
+    Parameters
+    ----------
+    mod : tvm.IRModule or tvm.relay.Function
+        The model.
+    params : dict of str to numpy.ndarray or tvm.nd.NDArray
+        Weights bound into ``main`` by name (note upstream's argument order: params, then target).
+    target, target_host : str or tvm.target.Target
+        The target (and host) to tune for.
+    hardware_params : auto_scheduler.HardwareParams, optional
+        Passed to every ``SearchTask``; required for CUDA targets on a machine without CUDA.
+    include_simple_tasks : bool
+        Also return tasks without a reduction (elementwise and layout functions).
+    dump_workload_to_dag_log : str, optional
+        Write the workload-key -> compute DAG map to this JSON file, as upstream does.
+    opt_level : int
+        The optimisation level.
+
+    Returns
+    -------
+    tasks : list of auto_scheduler.SearchTask
+    weights : list of int
+    """
+    pairs = _extract(
+        mod, params, target, target_host, hardware_params, include_simple_tasks, opt_level
+    )
+    tasks = [search for search, _, _ in pairs]
+    if dump_workload_to_dag_log is not None:
+        with open(dump_workload_to_dag_log, "w") as handle:
+            json.dump({t.workload_key: str(t.compute_dag) for t in tasks}, handle)
+    return tasks, [weight for _, weight, _ in pairs]
+
+
+def extract(
+    mod: Any, target: TargetLike, params: ParamsLike = None, **options: Any
+) -> list[TunerTask]:
+    """The registry's entry point (note: ``(mod, target, params)`` like every other tuner)."""
+    allowed = {"target_host", "hardware_params", "include_simple_tasks", "opt_level"}
+    unknown = sorted(set(options) - allowed)
+    if unknown:
+        raise ModelError(f"unknown Ansor option(s): {', '.join(unknown)}")
+    pairs = _extract(
+        mod,
+        params,
+        target,
+        options.get("target_host"),
+        options.get("hardware_params"),
+        bool(options.get("include_simple_tasks", False)),
+        options.get("opt_level", 3),
+    )
+    return [
+        TunerTask(search.desc, weight, source.anchor_op, source.key, search)
+        for search, weight, source in pairs
+    ]
+
+
+ADAPTER = Adapter(NAME, extract)
+
+
+def _extract(
+    mod: Any,
+    params: ParamsLike,
+    target: TargetLike,
+    target_host: TargetLike | None,
+    hardware_params: Any,
+    include_simple_tasks: bool,
+    opt_level: int,
+) -> list[tuple[auto_scheduler.SearchTask, int, Task]]:
+    tgt = as_target(target)
+    if target_host is not None:
+        tgt = Target(tgt, as_target(target_host))
+    settings = PassSettings(opt_level, PASS_CONFIG, DISABLED_PASSES)
+    tasks = run_extraction(mod, tgt, params, settings)
+    in_call_order = sorted(tasks, key=lambda t: t.calls[0] if t.calls else len(tasks) + t.visits[0])
+    names = vm_function_names(in_call_order)
+    mode = (
+        TracingMode.EXTRACT_TASK if include_simple_tasks else TracingMode.EXTRACT_COMPLEX_TASK_ONLY
+    )
+    env = TracingEnvironment(mode)
+    with _tracing(env, tgt):
+        for name, task in zip(names, in_call_order, strict=True):
+            upstream.auto_schedule_topi(name, _schedulable_outputs(task))
+        upstream.te_compiler_update_weights(op_weights(in_call_order, names, tgt))
+    by_name = dict(zip(names, in_call_order, strict=True))
+    result = []
+    for workload_key, (weight, func_names) in env.wkl_key_to_weight.items():
+        search = auto_scheduler.SearchTask(
+            workload_key=workload_key,
+            target=tgt,
+            hardware_params=hardware_params,
+            layout_rewrite_option=auto_scheduler.LayoutRewriteOption.get_target_default(tgt, True),
+            task_inputs=env.wkl_key_to_input_names.get(workload_key),
+            task_inputs_save_to_file=True,
+            desc=",".join(func_names),
+        )
+        source = by_name[min(func_names, key=names.index)]
+        result.append((search, int(weight), source))
+    return result
+
+
+@contextmanager
+def _tracing(env: TracingEnvironment, target: Target) -> Iterator[None]:
+    from tvm import autotvm
+
+    dispatch = auto_scheduler.DispatchContext.current
+    verbose, silent = dispatch.verbose, autotvm.GLOBAL_SCOPE.silent
+    dispatch.verbose, autotvm.GLOBAL_SCOPE.silent = 0, True
+    try:
+        with env, target:
+            yield
+    finally:
+        dispatch.verbose, autotvm.GLOBAL_SCOPE.silent = verbose, silent
+
+
+def _schedulable_outputs(task: Task) -> list[te.Tensor]:
+    """The outputs the compiler schedules: an output that is just an input gets copied."""
+    return [topi.identity(t) if isinstance(t.op, te.PlaceholderOp) else t for t in task.outputs]
+
+
+def vm_function_names(in_call_order: Sequence[Task]) -> list[str]:
+    """The names the VM compiler gives the functions it lowers (e.g. ``vm_mod_fused_nn_dense``)."""
+    names = NameSupply(VM_MODULE_NAME)
+    names.reserve_name("main", False)
+    return [str(names.fresh_name(t.name)) for t in in_call_order]
+
+
+def op_weights(in_call_order: Sequence[Task], names: Sequence[str], target: Target) -> Any:
+    """The compiler's function-use report: a TVM ``Map`` built exactly as the compiler builds it.
+
+    The compiler's cache is a ``std::unordered_map`` keyed by (labelled function, target); its
+    iteration order is copied into a TVM ``Map`` (``GetOpWeights``), which is copied into the
+    module's ``op_weights`` map. Both copies are replayed here with real TVM maps, since a
+    ``Map``'s iteration order depends on the order its keys were set.
+    """
+    target_hash = std_hash_string(str(target))
+    hashes = [
+        hash_combine(_structural_hash(_labelled(t.func)), target_hash) or 1 for t in in_call_order
+    ]
+    report: Any = [(names[i], in_call_order[i].weight) for i in unordered_map_order(hashes)]
+    for _ in range(2):
+        report = _tvm_map(report)
+    return report
+
+
+def _tvm_map(items: Any) -> Any:
+    """A TVM ``Map`` filled by ``Set`` in this order (a module's attributes are one)."""
+    mod = tvm.IRModule()
+    for key, value in items.items() if hasattr(items, "items") else items:
+        mod = mod.with_attr(str(key), tvm.tir.IntImm("int64", int(value)))
+    return mod.attrs._dict() if mod.attrs is not None else {}
+
+
+def _structural_hash(expr: Any) -> int:
+    return int(tvm.ir.structural_hash(expr)) & (2**64 - 1)
+
+
+def _labelled(func: relay.Function) -> relay.Function:
+    """The function as the VM compiler's ``LabelOps`` pass leaves it, before lowering.
+
+    It adds the function's structural hash (16 hex digits) as ``hash`` and copies every
+    layout-named attribute of the calls inside it (the last call's value wins).
+    """
+    layouts: dict[str, Any] = {}
+
+    def collect(node: Any) -> None:
+        if isinstance(node, relay.Call) and node.attrs is not None and hasattr(node.attrs, "keys"):
+            for key in node.attrs.keys():
+                value = node.attrs[key]
+                if "layout" in key and isinstance(value, (str, tvm.runtime.Object)):
+                    layouts[key] = value
+
+    relay.analysis.post_order_visit(func.body, collect)
+    labelled = func.with_attr("hash", f"{_structural_hash(func):016x}")
+    for key, value in layouts.items():
+        labelled = labelled.with_attr(key, value)
+    return labelled
