@@ -4,8 +4,11 @@ Every measurement runs in a fresh process (so import costs, caches and peak RSS 
 rows alternate upstream/ours, and the table reports medians over ``--repeat`` runs, the task
 counts, whether the task lists are equal, and the ratio upstream/ours.
 
-    python bench/extract.py                         # ResNet-50 on x86 and CUDA, MetaSchedule
+    python bench/extract.py                         # ResNet-50, x86 and CUDA, all three tuners
     python bench/extract.py --models resnet-18 mobilenet vgg-16 --targets x86 --repeat 3
+
+Upstream's AutoTVM and Ansor extraction cannot compile for CUDA on this TVM build (see
+tests/cuda_schedules.py): their CUDA rows show upstream's (partial) result, marked unequal.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ TARGETS = {
     "x86": "llvm -mtriple=x86_64-linux-gnu -mcpu=skylake-avx512",
     "cuda": "cuda -arch=sm_80",
 }
-TUNERS = ("meta_schedule",)
+TUNERS = ("meta_schedule", "autotvm", "ansor")
 
 
 def _measure(side: str, tuner: str, model: str, target: str) -> dict[str, Any]:
@@ -63,12 +66,37 @@ def _extract(side: str, tuner: str, mod: Any, target: Any, params: Any) -> list[
             [t.task_name, int(t.weight), [tvm.ir.structural_hash(m) for m in t.dispatched]]
             for t in tasks
         ]
-    raise ValueError(f"unknown tuner {tuner}")
+    if tuner == "autotvm":
+        if side == "upstream":
+            from tvm import autotvm
+
+            found = autotvm.task.extract_from_program(mod["main"], target=target, params=params)
+        else:
+            from relay_tasks.autotvm import extract_tasks as autotvm_tasks
+
+            found = autotvm_tasks(mod, target, params)
+        return [[t.name, repr(t.args)] for t in found]
+    from tvm import auto_scheduler
+
+    from relay_tasks.adapters.ansor import default_hardware_params
+
+    hardware = default_hardware_params(target)
+    if side == "upstream":
+        searches, weights = auto_scheduler.extract_tasks(
+            mod["main"], params, target, hardware_params=hardware
+        )
+    else:
+        from relay_tasks.ansor import extract_tasks as ansor_tasks
+
+        searches, weights = ansor_tasks(mod, params, target, hardware_params=hardware)
+    return [[t.workload_key, t.desc, int(w)] for t, w in zip(searches, weights, strict=True)]
 
 
 def _run_worker(side: str, tuner: str, model: str, target: str) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--worker", side, tuner, model, target]
-    done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ})
+    # A fixed hash seed: Ansor joins task names from a set, whose order follows string hashes.
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if done.returncode != 0:
         tail = done.stderr.strip().splitlines()[-1:] or ["(no output)"]
         return {"error": tail[0]}
@@ -79,7 +107,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["resnet-50"])
     parser.add_argument("--targets", nargs="+", choices=list(TARGETS), default=["x86", "cuda"])
-    parser.add_argument("--tuners", nargs="+", choices=TUNERS, default=["meta_schedule"])
+    parser.add_argument("--tuners", nargs="+", choices=TUNERS, default=list(TUNERS))
     parser.add_argument("--repeat", type=int, default=1, help="runs per side; medians reported")
     parser.add_argument("--worker", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()

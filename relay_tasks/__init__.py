@@ -10,7 +10,9 @@ import os as _os
 # AutoTVM would try to download TopHub configs during extraction; this machine has no internet.
 _os.environ.setdefault("TOPHUB_LOCATION", "NONE")
 
+from . import ansor, autotvm, meta_schedule
 from .api import extract
+from .dropin import install, installed, uninstall
 from .errors import (
     DependencyError,
     ExtractionError,
@@ -30,7 +32,13 @@ __all__ = [
     "TargetError",
     "Task",
     "TuningError",
+    "ansor",
+    "autotvm",
     "extract",
     "extract_tasks",
     "host_target",
+    "install",
+    "installed",
+    "meta_schedule",
+    "uninstall",
 ]

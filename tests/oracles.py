@@ -83,3 +83,53 @@ def legacy_vm_lowering(model: str, target: str) -> list[LoweredQuery]:
         compiler.set_params(params)
         compiler.lower(mod, target=tgt)
     return [q for q in database.queries if q.name.startswith("vm_mod_")]
+
+
+def hardware_params(target: str):
+    """Ansor needs explicit hardware parameters for CUDA here (no CUDA runtime to ask)."""
+    from tvm import auto_scheduler
+
+    if not target.startswith("cuda"):
+        return None
+    return auto_scheduler.HardwareParams(
+        num_cores=-1,
+        vector_unit_bytes=16,
+        cache_line_bytes=64,
+        max_shared_memory_per_block=49152,
+        max_local_memory_per_block=2147483647,
+        max_threads_per_block=1024,
+        max_vthread_extent=8,
+        warp_size=32,
+    )
+
+
+@functools.cache
+def autotvm_tasks(model: str, target: str) -> list[tuple[str, tuple]]:
+    """``autotvm.task.extract_from_program``, as (template name, args) pairs."""
+    from tvm import autotvm
+
+    from cuda_schedules import cuda_injective_schedules
+
+    mod, params = load(model)
+    with cuda_injective_schedules():  # a no-op on x86; see cuda_schedules.py
+        tasks = autotvm.task.extract_from_program(mod["main"], target=target, params=params)
+    return [(t.name, t.args) for t in tasks]
+
+
+@functools.cache
+def ansor_tasks(model: str, target: str, include_simple_tasks: bool = False) -> list[tuple]:
+    """``auto_scheduler.extract_tasks``, as (workload key, description, weight) triples."""
+    from tvm import auto_scheduler
+
+    from cuda_schedules import cuda_injective_schedules
+
+    mod, params = load(model)
+    with cuda_injective_schedules():
+        tasks, weights = auto_scheduler.extract_tasks(
+            mod["main"],
+            params,
+            target,
+            hardware_params=hardware_params(target),
+            include_simple_tasks=include_simple_tasks,
+        )
+    return [(t.workload_key, t.desc, int(w)) for t, w in zip(tasks, weights, strict=True)]

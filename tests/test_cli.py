@@ -16,6 +16,7 @@ from relay_tasks.errors import ModelError, TargetError
 import oracles
 from zoo import CUDA, X86
 
+FIELDS = {"index", "name", "weight", "anchor_op", "key", "models", "payload"}
 TINY_TABLE = """\
 #  task                        weight  anchor op
 0  fused_nn_dense_add_nn_relu       1  nn.dense
@@ -59,12 +60,12 @@ def test_json_for_a_zoo_model_matches_upstream(capsys) -> None:
     upstream = oracles.meta_schedule("resnet-18", X86)
     assert document["target"] == str(tvm.target.Target(X86))
     assert document["tuner"] == "meta_schedule"
-    assert document["model"] == "resnet-18"
+    assert document["models"] == ["resnet-18"] and document["format"] == "relay-tasks/1"
     assert [(t["index"], t["name"], t["weight"]) for t in document["tasks"]] == [
         (i, t.task_name, t.weight) for i, t in enumerate(upstream)
     ]
     assert {t["anchor_op"] for t in document["tasks"]} >= {"nn.contrib_conv2d_NCHWc", "nn.dense"}
-    assert set(document["tasks"][0]) == {"index", "name", "weight", "anchor_op", "key"}
+    assert set(document["tasks"][0]) == FIELDS
 
 
 def test_output_file_gets_the_result_and_stdout_stays_empty(tiny_model, tmp_path, capsys) -> None:
@@ -101,8 +102,8 @@ def test_module_equality_option(capsys) -> None:
 
 def test_default_model_is_resnet_50_for_the_host_cpu() -> None:
     args = build_parser().parse_args(["extract"])
-    assert (args.model, args.target, args.tuner, args.format) == (
-        "resnet-50",
+    assert (args.models, args.target, args.tuner, args.format) == (
+        ["resnet-50"],
         None,
         "meta_schedule",
         "table",
@@ -149,7 +150,7 @@ def _bad_params(tmp_path: Path) -> list[str]:
         (
             ["extract", "resnet-18", "--params", "x.params"],
             ModelError.exit_code,
-            "built-in model 'resnet-18' brings its own params; drop --params",
+            "resnet-18: --params applies to Relay text models only; drop it",
         ),
         (
             ["extract", "{tiny}", "-o", "/nonexistent/dir/out.txt", "--target", X86],
@@ -201,3 +202,34 @@ def test_usage_errors_exit_2(capsys) -> None:
         main(["extract", "--format", "yaml"])
     assert exit_info.value.code == EXIT_USAGE
     assert "invalid choice: 'yaml'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("tuner", ["autotvm", "ansor"])
+@pytest.mark.parametrize("target", [X86, CUDA])
+def test_every_tuner_gives_the_same_json_shape(tuner: str, target: str, capsys) -> None:
+    from cuda_schedules import cuda_injective_schedules
+
+    with cuda_injective_schedules():  # for upstream's AutoTVM oracle on CUDA only
+        expected = (
+            [name for name, _ in oracles.autotvm_tasks("resnet-18", target)]
+            if tuner == "autotvm"
+            else [
+                ",".join(sorted(d.split(",")))
+                for _, d, _ in oracles.ansor_tasks("resnet-18", target)
+            ]
+        )
+    argv = ["extract", "resnet-18", "--target", target, "--tuner", tuner, "--format", "json"]
+    assert main(argv) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["tuner"] == tuner
+    assert [t["name"] for t in document["tasks"]] == expected
+    assert all(set(t) == FIELDS for t in document["tasks"])
+    if tuner == "ansor":
+        weights = [w for _, _, w in oracles.ansor_tasks("resnet-18", target)]
+        assert [t["weight"] for t in document["tasks"]] == weights
+
+
+def test_module_equality_is_for_meta_schedule_only(capsys) -> None:
+    argv = ["extract", "resnet-18", "--tuner", "autotvm", "--module-equality", "anchor-block"]
+    assert main(argv) == ModelError.exit_code
+    assert "--module-equality applies to --tuner meta_schedule only" in capsys.readouterr().err

@@ -12,9 +12,11 @@ same order, so workload keys, descriptions, weights and order all come out equal
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import tvm
@@ -25,11 +27,11 @@ from tvm.ir.supply import NameSupply
 from tvm.target import Target
 
 from ..cxx import hash_combine, std_hash_string, unordered_map_order
-from ..errors import ModelError
+from ..errors import ModelError, TargetError
 from ..extract import Task, run_extraction
 from ..inputs import ParamsLike, TargetLike, as_target
 from ..pipeline import PassSettings
-from .base import Adapter, TunerTask
+from .base import Adapter, Runner, TunerTask
 
 NAME = "ansor"
 PASS_CONFIG = {"relay.backend.use_auto_scheduler": True}
@@ -91,22 +93,113 @@ def extract(
     unknown = sorted(set(options) - allowed)
     if unknown:
         raise ModelError(f"unknown Ansor option(s): {', '.join(unknown)}")
+    tgt = as_target(target)
     pairs = _extract(
         mod,
         params,
-        target,
+        tgt,
         options.get("target_host"),
-        options.get("hardware_params"),
+        options.get("hardware_params") or default_hardware_params(tgt),
         bool(options.get("include_simple_tasks", False)),
         options.get("opt_level", 3),
     )
     return [
-        TunerTask(search.desc, weight, source.anchor_op, source.key, search)
+        # The description joins names from a set (process-dependent order); sorted for display.
+        TunerTask(
+            ",".join(sorted(search.desc.split(","))), weight, source.anchor_op, _key(search), search
+        )
         for search, weight, source in pairs
     ]
 
 
-ADAPTER = Adapter(NAME, extract)
+def _key(task: auto_scheduler.SearchTask) -> str:
+    """The workload key (hash of the compute DAG and shapes) is Ansor's identity of a task."""
+    return hashlib.sha256(task.workload_key.encode()).hexdigest()[:16]
+
+
+def encode(task: auto_scheduler.SearchTask) -> dict[str, Any]:
+    from tvm.auto_scheduler.workload_registry import serialize_workload_registry_entry
+
+    return {
+        "workload_key": task.workload_key,
+        "workload": list(serialize_workload_registry_entry(task.workload_key)),
+        "desc": ",".join(sorted(task.desc.split(","))),  # set order varies between processes
+    }
+
+
+def decode(payload: dict[str, Any], target: Target) -> auto_scheduler.SearchTask:
+    from tvm.auto_scheduler.workload_registry import deserialize_workload_registry_entry
+
+    deserialize_workload_registry_entry(tuple(payload["workload"]))
+    return _search_task(
+        workload_key=payload["workload_key"],
+        target=target,
+        hardware_params=default_hardware_params(target),
+        layout_rewrite_option=auto_scheduler.LayoutRewriteOption.get_target_default(target, True),
+        desc=payload["desc"],
+    )
+
+
+def merge(tasks: Sequence[TunerTask]) -> auto_scheduler.SearchTask:
+    return tasks[0].native
+
+
+def tune(
+    tasks: Sequence[TunerTask], target: Target, trials: int, work_dir: Path, runner: Runner
+) -> int:
+    """Ansor's task scheduler over the tasks (by weight); a rerun continues from the log."""
+    log = work_dir / "ansor.json"
+    done = _records(log)
+    budget = trials - done
+    if budget > 0:
+        scheduler = auto_scheduler.TaskScheduler(
+            [t.native for t in tasks],
+            [t.weight for t in tasks],
+            load_log_file=str(log) if done else None,
+        )
+        scheduler.tune(
+            auto_scheduler.TuningOptions(
+                num_measure_trials=budget,
+                num_measures_per_round=min(64, budget),
+                runner=_runner(runner),
+                measure_callbacks=[auto_scheduler.RecordToFile(str(log))],
+            )
+        )
+    return _records(log)
+
+
+def _records(log: Path) -> int:
+    return sum(1 for _ in auto_scheduler.load_records(str(log))) if log.exists() else 0
+
+
+def _runner(runner: Runner) -> Any:
+    if runner.tracker is None:
+        return auto_scheduler.LocalRunner(repeat=1, timeout=int(runner.timeout))
+    host, port = runner.tracker
+    return auto_scheduler.RPCRunner(runner.key, host, port, repeat=1, timeout=int(runner.timeout))
+
+
+ADAPTER = Adapter(NAME, extract, encode, decode, merge, tune)
+
+
+def default_hardware_params(target: Target) -> Any:
+    """Hardware parameters for targets this machine cannot be asked about (CUDA without a GPU).
+
+    Upstream's ``SearchTask`` queries the CUDA runtime for them, which this TVM build does not
+    have; they shape the search, not which tasks exist, so typical values do for extraction.
+    """
+    if target.kind.name != "cuda":
+        return None
+    return auto_scheduler.HardwareParams(
+        num_cores=-1,
+        vector_unit_bytes=16,
+        cache_line_bytes=64,
+        max_shared_memory_per_block=49152,
+        max_local_memory_per_block=2147483647,
+        max_threads_per_block=int(target.attrs.get("max_num_threads", 1024)),
+        max_vthread_extent=8,
+        warp_size=int(target.attrs.get("thread_warp_size", 32)),
+    )
 
 
 def _extract(
@@ -136,7 +229,7 @@ def _extract(
     by_name = dict(zip(names, in_call_order, strict=True))
     result = []
     for workload_key, (weight, func_names) in env.wkl_key_to_weight.items():
-        search = auto_scheduler.SearchTask(
+        search = _search_task(
             workload_key=workload_key,
             target=tgt,
             hardware_params=hardware_params,
@@ -148,6 +241,18 @@ def _extract(
         source = by_name[min(func_names, key=names.index)]
         result.append((search, int(weight), source))
     return result
+
+
+def _search_task(**kwargs: Any) -> auto_scheduler.SearchTask:
+    try:
+        return auto_scheduler.SearchTask(**kwargs)
+    except tvm.TVMError as err:
+        if "device_api" in str(err) and kwargs.get("hardware_params") is None:
+            raise TargetError(
+                f"Ansor needs hardware_params for {kwargs['target'].kind.name} on this machine "
+                "(no runtime to ask): pass hardware_params=auto_scheduler.HardwareParams(...)"
+            ) from err
+        raise
 
 
 @contextmanager
@@ -216,7 +321,7 @@ def _labelled(func: relay.Function) -> relay.Function:
 
     def collect(node: Any) -> None:
         if isinstance(node, relay.Call) and node.attrs is not None and hasattr(node.attrs, "keys"):
-            for key in node.attrs.keys():
+            for key in node.attrs.keys():  # noqa: SIM118 (Attrs is no dict: no "in")
                 value = node.attrs[key]
                 if "layout" in key and isinstance(value, (str, tvm.runtime.Object)):
                     layouts[key] = value

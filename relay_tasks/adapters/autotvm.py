@@ -9,19 +9,24 @@ together again in the order the VM compiler would have lowered the functions (ca
 
 from __future__ import annotations
 
+import functools
+import hashlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from tvm import autotvm
 from tvm.autotvm.task import TaskExtractEnv
 from tvm.autotvm.task.dispatcher import DispatchContext, FallbackContext
+from tvm.target import Target
 
 from ..errors import ModelError
 from ..extract import Task, run_extraction
 from ..inputs import ParamsLike, TargetLike, as_target
 from ..pipeline import PassSettings
-from .base import Adapter, TunerTask
+from .base import Adapter, Runner, TunerTask
+from .progress import progress
 
 NAME = "autotvm"
 #: Upstream's extraction lowers with AlterOpLayout off: AutoTVM's templates expect that.
@@ -58,7 +63,21 @@ def extract_tasks(
     -------
     list of tvm.autotvm.task.Task
     """
-    return [task for _, task in _extract(mod, target, params, ops, opt_level, target_host)]
+    return [task for _, task in _extract([(mod, params)], target, ops, opt_level, target_host)]
+
+
+def extract_tasks_from_models(
+    mods: Sequence[Any],
+    params: Sequence[ParamsLike],
+    target: TargetLike,
+    *,
+    ops: Sequence[Any] | None = None,
+    opt_level: int = 3,
+    target_host: TargetLike | None = None,
+) -> list[autotvm.task.Task]:
+    """Several models at once, equal to ``autotvm.task.extract_from_multiple_program``."""
+    pairs = _extract(list(zip(mods, params, strict=True)), target, ops, opt_level, target_host)
+    return [task for _, task in pairs]
 
 
 def extract(
@@ -70,26 +89,16 @@ def extract(
     if unknown:
         raise ModelError(f"unknown AutoTVM option(s): {', '.join(unknown)}")
     pairs = _extract(
-        mod,
+        [(mod, params)],
         target,
-        params,
         options.get("ops"),
         options.get("opt_level", 3),
         options.get("target_host"),
     )
     return [
-        TunerTask(
-            task.name,
-            weight,
-            source.anchor_op if source else "",
-            source.key if source else "",
-            task,
-        )
+        TunerTask(task.name, weight, source.anchor_op if source else "", _key(task), task)
         for (source, task), weight in zip(pairs, _weights(pairs), strict=True)
     ]
-
-
-ADAPTER = Adapter(NAME, extract)
 
 
 def _weights(pairs: list[tuple[Task | None, autotvm.task.Task]]) -> list[int]:
@@ -99,31 +108,34 @@ def _weights(pairs: list[tuple[Task | None, autotvm.task.Task]]) -> list[int]:
 
 
 def _extract(
-    mod: Any,
+    models: Sequence[tuple[Any, ParamsLike]],
     target: TargetLike,
-    params: ParamsLike,
     ops: Sequence[Any] | None,
     opt_level: int,
     target_host: TargetLike | None,
 ) -> list[tuple[Task | None, autotvm.task.Task]]:
     tgt = as_target(target)
     if target_host is not None:
-        tgt = tvm_target_with_host(tgt, as_target(target_host))
+        tgt = Target(tgt, as_target(target_host))
     settings = PassSettings(opt_level, {}, DISABLED_PASSES)
     env = TaskExtractEnv.get()
     env.reset(list(ops) if ops is not None else None)
-    before_lowering: list[tuple[str, Any]] = []
-    tasks = run_extraction(
-        mod,
-        tgt,
-        params,
-        settings,
-        environment=lambda: _tracing(env, before_lowering),
-        lowering_scope=lambda: _per_function(env),
-    )
-    records: list[tuple[Task | None, tuple[str, Any]]] = [(None, r) for r in before_lowering]
-    for task in sorted(tasks, key=lambda t: t.calls[0] if t.calls else len(tasks) + t.visits[0]):
-        records += [(task, record) for record in task.traced]
+    records: list[tuple[Task | None, tuple[str, Any]]] = []
+    for mod, params in models:
+        before_lowering: list[tuple[str, Any]] = []
+        tasks = run_extraction(
+            mod,
+            tgt,
+            params,
+            settings,
+            environment=functools.partial(_tracing, env, before_lowering),
+            lowering_scope=lambda: _per_function(env),
+        )
+        records += [(None, r) for r in before_lowering]
+        in_call_order = sorted(
+            tasks, key=lambda t: t.calls[0] if t.calls else len(tasks) + t.visits[0]
+        )
+        records += [(task, record) for task in in_call_order for record in task.traced]
     result: list[tuple[Task | None, autotvm.task.Task]] = []
     seen: set[tuple[str, Any]] = set()
     for source, (name, args) in records:
@@ -141,12 +153,6 @@ def _invalid_shape_error() -> type[Exception]:
     from tvm import topi
 
     return topi.InvalidShapeError  # type: ignore[no-any-return]
-
-
-def tvm_target_with_host(target: Any, host: Any) -> Any:
-    from tvm.target import Target
-
-    return Target(target, host)
 
 
 @contextmanager
@@ -178,3 +184,72 @@ def _per_function(env: TaskExtractEnv) -> Iterator[list[Any]]:
     finally:
         record.extend(env.task_collection)
         env.task_collection = saved
+
+
+def _key(task: autotvm.task.Task) -> str:
+    """A template and its arguments are the tuning problem, whichever model they come from."""
+    digest = hashlib.sha256(repr((task.name, task.args)).encode()).hexdigest()
+    return digest[:16]
+
+
+def encode(task: autotvm.task.Task) -> dict[str, Any]:
+    return {"template": task.name, "args": _jsonable(task.args)}
+
+
+def decode(payload: dict[str, Any], target: Target) -> autotvm.task.Task:
+    return autotvm.task.create(payload["template"], _tuples(payload["args"]), target=target)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def _tuples(value: Any) -> Any:
+    # AutoTVM serialises arguments as nested tuples; JSON gives lists back.
+    if isinstance(value, list):
+        return tuple(_tuples(v) for v in value)
+    return value
+
+
+def merge(tasks: Sequence[TunerTask]) -> autotvm.task.Task:
+    return tasks[0].native
+
+
+def tune(
+    tasks: Sequence[TunerTask], target: Target, trials: int, work_dir: Path, runner: Runner
+) -> int:
+    """Tune each task with XGBTuner, ``trials`` split evenly; a rerun continues from the log."""
+    log = work_dir / "autotvm.log"
+    done: dict[Any, int] = {}
+    history = list(autotvm.record.load_from_file(str(log))) if log.exists() else []
+    for inp, _ in history:
+        done[inp.task.workload] = done.get(inp.task.workload, 0) + 1
+    per_task = max(1, trials // max(1, len(tasks)))
+    measure = autotvm.measure_option(builder=autotvm.LocalBuilder(), runner=_runner(runner))
+    for row in progress(tasks, "tuning"):
+        task = autotvm.task.create(row.native.name, row.native.args, target=target)
+        remaining = min(per_task, len(task.config_space)) - done.get(task.workload, 0)
+        if remaining <= 0:
+            continue
+        tuner = autotvm.tuner.XGBTuner(task, loss_type="reg")
+        if history:
+            tuner.load_history(history, min_seed_records=1)
+        tuner.tune(
+            n_trial=remaining,
+            early_stopping=None,
+            measure_option=measure,
+            callbacks=[autotvm.callback.log_to_file(str(log))],
+        )
+    return sum(1 for _ in autotvm.record.load_from_file(str(log))) if log.exists() else 0
+
+
+def _runner(runner: Runner) -> Any:
+    if runner.tracker is None:
+        return autotvm.LocalRunner(number=1, repeat=1, timeout=runner.timeout)
+    host, port = runner.tracker
+    return autotvm.RPCRunner(runner.key, host, port, number=1, repeat=1, timeout=runner.timeout)
+
+
+ADAPTER = Adapter(NAME, extract, encode, decode, merge, tune)

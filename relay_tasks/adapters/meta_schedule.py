@@ -8,8 +8,10 @@ the same over the backend's occurrences: TIR once per distinct function, then up
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
@@ -25,7 +27,7 @@ from ..errors import ModelError
 from ..extract import Task, run_extraction
 from ..inputs import ParamsLike, TargetLike, as_module, as_target
 from ..pipeline import PassSettings, extraction_scope
-from .base import Adapter, TunerTask
+from .base import Adapter, Runner, TunerTask
 
 NAME = "meta_schedule"
 MODULE_EQUALITIES = ("structural", "ignore-ndarray", "anchor-block")
@@ -85,11 +87,13 @@ def extract(
     if options:
         raise ModelError(f"unknown MetaSchedule option(s): {', '.join(sorted(options))}")
     return [
-        TunerTask(et.task_name, int(et.weight), task.anchor_op, task.key, et) for task, et in pairs
+        TunerTask(et.task_name, int(et.weight), task.anchor_op, _key(et), et) for task, et in pairs
     ]
 
 
-ADAPTER = Adapter(NAME, extract)
+def _key(task: ms.ExtractedTask) -> str:
+    """MetaSchedule tunes the TIR module: equal modules are one task, across models too."""
+    return f"{int(tvm.ir.structural_hash(task.dispatched[0])) & (2**64 - 1):016x}"
 
 
 def _extract(
@@ -203,3 +207,88 @@ def _op_count(func: relay.Function) -> int:
 
     relay.analysis.post_order_visit(func.body, visit)
     return count
+
+
+def encode(task: ms.ExtractedTask) -> dict[str, Any]:
+    # TIR goes as TVMScript: save_json writes maps keyed by objects (a PrimFunc's buffer_map) in
+    # address order, which would make the same task serialise differently in every process.
+    return {
+        "name": str(task.task_name),
+        "weight": int(task.weight),
+        "mod": tvm.ir.save_json(task.mod),
+        "dispatched": [mod.script(show_meta=True) for mod in task.dispatched],
+    }
+
+
+def decode(payload: dict[str, Any], target: Target) -> ms.ExtractedTask:
+    from tvm.script import from_source
+
+    return ms.ExtractedTask(
+        payload["name"],
+        tvm.ir.load_json(payload["mod"]),
+        target,
+        [from_source(script) for script in payload["dispatched"]],
+        int(payload["weight"]),
+    )
+
+
+def merge(tasks: Sequence[TunerTask]) -> ms.ExtractedTask:
+    first = tasks[0].native
+    weight = sum(int(t.native.weight) for t in tasks)
+    return ms.ExtractedTask(
+        first.task_name, first.mod, first.target, list(first.dispatched), weight
+    )
+
+
+def tune(
+    tasks: Sequence[TunerTask], target: Target, trials: int, work_dir: Path, runner: Runner
+) -> int:
+    """``ms.tune_tasks`` into a JSON database in ``work_dir``; a rerun tunes only what is left."""
+    # Schedule rules look tensor intrinsics up by name; hhb-tvm does not register them itself.
+    importlib.import_module("tvm.tir.tensor_intrin.cuda")
+    importlib.import_module("tvm.tir.tensor_intrin.x86")
+
+    target = _with_num_cores(target)
+    natives = [
+        ms.ExtractedTask(
+            t.native.task_name, t.native.mod, target, list(t.native.dispatched), t.native.weight
+        )
+        for t in tasks
+    ]
+    database = ms.database.JSONDatabase(work_dir=str(work_dir))
+    budget = trials - len(database)
+    if budget > 0:
+        contexts, weights = ms.relay_integration.extracted_tasks_to_tune_contexts(
+            natives, work_dir=str(work_dir)
+        )
+        ms.tune_tasks(
+            tasks=contexts,
+            task_weights=weights,
+            work_dir=str(work_dir),
+            max_trials_global=budget,
+            num_trials_per_iter=min(64, budget),
+            runner=_runner(runner),
+            database=database,
+        )
+    return len(database)
+
+
+def _with_num_cores(target: Target) -> Target:
+    """MetaSchedule's CPU rules need ``-num-cores``; default to this machine's cores."""
+    import os
+
+    if target.kind.name == "llvm" and "num-cores" not in target.attrs:
+        return Target(f"{target} -num-cores {os.cpu_count() or 1}", target.host)
+    return target
+
+
+def _runner(runner: Runner) -> Any:
+    if runner.tracker is None:
+        return ms.runner.LocalRunner(timeout_sec=runner.timeout)
+    host, port = runner.tracker
+    config = ms.runner.RPCConfig(tracker_host=host, tracker_port=port, tracker_key=runner.key,
+                                 session_timeout_sec=int(runner.timeout))  # fmt: skip
+    return ms.runner.RPCRunner(config)
+
+
+ADAPTER = Adapter(NAME, extract, encode, decode, merge, tune)

@@ -1,0 +1,161 @@
+"""Run existing tuning scripts on the shared backend without changing a line of them.
+
+:func:`install` replaces upstream's three extraction entry points with wrappers of the same
+signature and return type; :func:`uninstall` (or leaving :func:`installed`) puts the originals
+back. Calls that use an option the backend does not model (pass instruments, extra Ansor targets)
+go to the original function, so an installed drop-in never changes what a script can do.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from .adapters import ansor, autotvm, meta_schedule
+from .inputs import as_module
+
+_originals: dict[tuple[str, str], Any] = {}
+
+
+def install() -> None:
+    """Make upstream's task extractors run on relay-tasks (idempotent)."""
+    import importlib
+
+    for module_path, name, wrap in _ENTRY_POINTS:
+        module = importlib.import_module(module_path)
+        key = (module_path, name)
+        if key in _originals:
+            continue
+        original = getattr(module, name)
+        _originals[key] = original
+        setattr(module, name, wrap(original))
+
+
+def uninstall() -> None:
+    """Restore upstream's own task extractors (idempotent)."""
+    import importlib
+
+    for (module_path, name), original in list(_originals.items()):
+        setattr(importlib.import_module(module_path), name, original)
+        del _originals[(module_path, name)]
+
+
+def is_installed() -> bool:
+    return bool(_originals)
+
+
+@contextmanager
+def installed() -> Iterator[None]:
+    """``with relay_tasks.installed(): ...`` runs the block on relay-tasks, then restores."""
+    was_installed = is_installed()
+    install()
+    try:
+        yield
+    finally:
+        if not was_installed:
+            uninstall()
+
+
+def _meta_schedule(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def extract_tasks(
+        mod: Any,
+        target: Any,
+        params: Any,
+        *,
+        opt_level: int = 3,
+        pass_config: Any = meta_schedule.DEFAULT_PASS_CONFIG,
+        executor: Any = None,
+        runtime: Any = None,
+        module_equality: str = "structural",
+        disabled_pass: Any = None,
+        instruments: Sequence[Any] | None = None,
+    ) -> Any:
+        if instruments:
+            return original(
+                mod, target, params, opt_level=opt_level, pass_config=pass_config,
+                executor=executor, runtime=runtime, module_equality=module_equality,
+                disabled_pass=disabled_pass, instruments=instruments,
+            )  # fmt: skip
+        if executor is not None:
+            mod = as_module(mod).with_attr("executor", executor)
+        return meta_schedule.extract_task_from_relay(
+            mod,
+            target,
+            params,
+            opt_level=opt_level,
+            pass_config=pass_config,
+            disabled_pass=disabled_pass,
+            module_equality=module_equality,
+        )
+
+    return extract_tasks
+
+
+def _autotvm_single(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def extract_from_program(
+        mod: Any, params: Any, target: Any, target_host: Any = None, ops: Any = None
+    ) -> Any:
+        return autotvm.extract_tasks(mod, target, params, ops=ops, target_host=target_host)
+
+    return extract_from_program
+
+
+def _autotvm_multiple(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def extract_from_multiple_program(
+        mods: Any, params: Any, target: Any, target_host: Any = None, ops: Any = None
+    ) -> Any:
+        return autotvm.extract_tasks_from_models(
+            list(mods), list(params), target, ops=ops, target_host=target_host
+        )
+
+    return extract_from_multiple_program
+
+
+def _ansor(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def extract_tasks(
+        mod: Any,
+        params: Any,
+        target: Any,
+        target_host: Any = None,
+        hardware_params: Any = None,
+        include_simple_tasks: bool = False,
+        dump_workload_to_dag_log: Any = None,
+        opt_level: int = 3,
+        other_targets: Any = None,
+    ) -> Any:
+        if other_targets:
+            return original(
+                mod, params, target, target_host, hardware_params, include_simple_tasks,
+                dump_workload_to_dag_log, opt_level, other_targets,
+            )  # fmt: skip
+        return ansor.extract_tasks(
+            mod,
+            params,
+            target,
+            target_host=target_host,
+            hardware_params=hardware_params,
+            include_simple_tasks=include_simple_tasks,
+            dump_workload_to_dag_log=dump_workload_to_dag_log,
+            opt_level=opt_level,
+        )
+
+    return extract_tasks
+
+
+#: Every upstream entry point the drop-in replaces: (module, attribute, wrapper factory). The
+#: AutoTVM and Ansor functions are also re-exported one package up, so both names are replaced.
+_ENTRY_POINTS: tuple[tuple[str, str, Callable[[Callable[..., Any]], Callable[..., Any]]], ...] = (
+    ("tvm.meta_schedule.relay_integration", "extract_tasks", _meta_schedule),
+    ("tvm.autotvm.task.relay_integration", "extract_from_program", _autotvm_single),
+    ("tvm.autotvm.task.relay_integration", "extract_from_multiple_program", _autotvm_multiple),
+    ("tvm.autotvm.task", "extract_from_program", _autotvm_single),
+    ("tvm.autotvm.task", "extract_from_multiple_program", _autotvm_multiple),
+    ("tvm.auto_scheduler.relay_integration", "extract_tasks", _ansor),
+    ("tvm.auto_scheduler", "extract_tasks", _ansor),
+)

@@ -1,0 +1,51 @@
+"""A TVM RPC server that can load what hhb-tvm's own RPC client sends it.
+
+hhb-tvm's client asks the server to load a module with three arguments (file, options,
+compiler), while its Python server's loader takes one, so every remote measurement fails with an
+empty ``RPCError``. :func:`start_server` starts TVM's own server with a loader that accepts both.
+Run it on each device (``relay-tasks serve --tracker HOST:PORT --key KEY``) to tune through a
+tracker.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def fix_load_module() -> None:
+    """Patch, in the server process, the function that registers the session's loaders.
+
+    Passed to ``tvm.rpc.Server`` as ``server_init_callback``, so it runs where the server runs.
+    """
+    import tvm
+    from tvm.rpc import server
+
+    register = server._server_env
+
+    def server_env(load_library: Any, work_path: Any = None) -> Any:
+        temp = register(load_library, work_path)
+
+        @tvm._ffi.register_func("tvm.rpc.server.load_module", override=True)  # type: ignore[untyped-decorator]
+        def load_module(file_name: str, options: str = "", cc: str = "g++") -> Any:
+            return tvm.runtime.load_module(temp.relpath(file_name))
+
+        return temp
+
+    server._server_env = server_env
+
+
+def start_server(
+    tracker: tuple[str, int], key: str, *, host: str = "0.0.0.0", port: int = 9090
+) -> Any:
+    """Start an RPC server registered at ``tracker`` under ``key``; returns ``tvm.rpc.Server``."""
+    from tvm.rpc.server import Server
+
+    return Server(
+        host=host,
+        port=port,
+        port_end=port + 100,
+        key=key,
+        tracker_addr=tracker,
+        silent=True,
+        server_init_callback=fix_load_module,
+    )

@@ -1,0 +1,99 @@
+"""AutoTVM adapter: equal to ``autotvm.task.extract_from_program`` on every zoo row."""
+
+from __future__ import annotations
+
+import pytest
+import tvm
+from tvm import autotvm, relay, topi
+from tvm.relay.op import op as _op
+from tvm.relay.op.strategy.generic import wrap_compute_dense, wrap_topi_schedule
+from tvm.relay.testing.temp_op_attr import TempOpAttr
+
+from relay_tasks import ModelError
+from relay_tasks.adapters import get_adapter
+from relay_tasks.autotvm import extract_tasks
+
+import oracles
+from cuda_schedules import cuda_injective_schedules
+from zoo import CUDA, X86, load, model_target_rows
+
+
+def _ours(model: str, target: str, **options) -> list[tuple[str, tuple]]:
+    mod, params = load(model)
+    return [(t.name, t.args) for t in extract_tasks(mod, target, params, **options)]
+
+
+@pytest.mark.parametrize(("model", "target"), model_target_rows())
+def test_equals_upstream_extraction(model: str, target: str) -> None:
+    expected = oracles.autotvm_tasks(model, target)
+    with cuda_injective_schedules():  # around both calls, as upstream needs it on CUDA
+        assert _ours(model, target) == expected
+
+
+@pytest.mark.parametrize("model", ["resnet-18"])
+def test_ours_needs_no_patch_on_cuda_where_stock_upstream_fails(model: str) -> None:
+    mod, params = load(model)
+    stock_upstream = autotvm.task.extract_from_program(
+        load(model)[0]["main"], target=CUDA, params=params
+    )
+    expected = oracles.autotvm_tasks(model, CUDA)
+    assert len(stock_upstream) < len(expected)  # the error died in upstream's helper thread
+    assert _ours(model, CUDA) == expected
+
+
+def test_ops_filter_matches_upstream() -> None:
+    mod, params = load("dense_softmax")
+    ops = [relay.op.get("nn.dense")]
+    expected = autotvm.task.extract_from_program(
+        load("dense_softmax")[0]["main"], params, X86, ops=ops
+    )
+    assert _ours("dense_softmax", X86, ops=ops) == [(t.name, t.args) for t in expected]
+    assert _ours("dense_softmax", X86, ops=[relay.op.get("nn.conv2d")]) == []
+
+
+def test_tasks_are_autotvm_tasks_with_their_config_space() -> None:
+    mod, params = load("conv_bias_bn_relu")
+    tasks = extract_tasks(mod, X86, params)
+    assert all(isinstance(t, autotvm.task.Task) for t in tasks)
+    assert all(len(t.config_space) > 1 for t in tasks)
+    assert {str(t.target) for t in tasks} == {str(tvm.target.Target(X86))}
+
+
+def _dense_strategy(schedule):
+    def strategy(attrs, inputs, out_type, target):
+        result = _op.OpStrategy()
+        result.add_implementation(
+            wrap_compute_dense(topi.x86.dense_nopack), schedule, name="dense_nopack.x86", plevel=100
+        )
+        return result
+
+    return strategy
+
+
+def _broken(attrs, outs, target):
+    raise RuntimeError("this TE schedule is broken")
+
+
+def test_a_broken_te_schedule_does_not_stop_extraction() -> None:
+    """Upstream stops at the first function whose schedule raises, silently; ours needs none."""
+    working = wrap_topi_schedule(topi.x86.schedule_dense_nopack)
+    with TempOpAttr("nn.dense", "FTVMStrategy", _dense_strategy(working)):
+        expected = oracles.autotvm_tasks.__wrapped__("dense_softmax", X86)
+    with TempOpAttr("nn.dense", "FTVMStrategy", _dense_strategy(_broken)):
+        broken_upstream = autotvm.task.extract_from_program(
+            load("dense_softmax")[0]["main"], target=X86, params=load("dense_softmax")[1]
+        )
+        ours = _ours("dense_softmax", X86)
+    assert len(expected) == 2 and len(broken_upstream) < 2
+    assert ours == expected
+
+
+def test_registry_and_unknown_options() -> None:
+    mod, params = load("dense_softmax")
+    rows = get_adapter("autotvm").extract(mod, X86, params)
+    assert [r.native.name for r in rows] == [
+        name for name, _ in oracles.autotvm_tasks("dense_softmax", X86)
+    ]
+    assert {r.anchor_op for r in rows} == {"nn.dense"}
+    with pytest.raises(ModelError, match="unknown AutoTVM option\\(s\\): module_equality"):
+        get_adapter("autotvm").extract(mod, X86, params, module_equality="structural")

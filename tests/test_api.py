@@ -1,0 +1,216 @@
+"""Many models at once, task files, and the tune verb (local and through an RPC tracker)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relay
+
+import relay_tasks
+from relay_tasks.api import extract_models, tune
+from relay_tasks.cli import main
+from relay_tasks.export import load_tasks, tasks_document
+
+from small_graphs import _module, _weights
+from zoo import CUDA, X86, load
+
+
+def _block(seed: int, extra: bool) -> tuple[tvm.IRModule, dict]:
+    """A model with a shared first layer; ``extra`` adds a layer only this model has."""
+    rng = np.random.default_rng(seed)
+    data = relay.var("data", shape=(1, 16, 14, 14))
+    w = relay.var("w", shape=(16, 16, 3, 3))
+    out = relay.nn.relu(relay.nn.conv2d(data, w, padding=(1, 1), channels=16, kernel_size=(3, 3)))
+    shapes = {"w": (16, 16, 3, 3)}
+    if extra:
+        w2 = relay.var("w2", shape=(32, 16, 1, 1))
+        out = relay.nn.conv2d(out, w2, channels=32, kernel_size=(1, 1))
+        shapes["w2"] = (32, 16, 1, 1)
+    return _module(out), _weights(rng, **shapes)
+
+
+@pytest.mark.parametrize("tuner", ["meta_schedule", "autotvm", "ansor"])
+def test_two_models_sharing_a_layer_give_one_task_with_summed_weight(tuner: str) -> None:
+    a, b = _block(1, extra=False), _block(2, extra=True)
+    single_a = relay_tasks.extract(*a[:1], X86, a[1], tuner=tuner)
+    single_b = relay_tasks.extract(*b[:1], X86, b[1], tuner=tuner)
+    merged = extract_models([("a", *a), ("b", *b)], X86, tuner=tuner)
+    shared = {t.key for t in single_a} & {t.key for t in single_b}
+    assert shared, "the models share no task; the test would prove nothing"
+    assert [t.key for t in merged] == list(dict.fromkeys(t.key for t in single_a + single_b))
+    weight_a = {t.key: t.weight for t in single_a}
+    weight_b = {t.key: t.weight for t in single_b}
+    for task in merged:
+        assert task.weight == weight_a.get(task.key, 0) + weight_b.get(task.key, 0)
+        assert task.models == tuple(
+            m for m, w in (("a", weight_a), ("b", weight_b)) if task.key in w
+        )
+    if tuner == "meta_schedule":
+        assert all(t.native.weight == t.weight for t in merged)
+
+
+@pytest.mark.parametrize("tuner", ["meta_schedule", "autotvm", "ansor"])
+@pytest.mark.parametrize("target", [X86, CUDA])
+def test_task_files_round_trip(tuner: str, target: str, tmp_path: Path) -> None:
+    mod, params = load("conv_bias_bn_relu")
+    tasks = relay_tasks.extract(mod, target, params, tuner=tuner)
+    document = tasks_document(tasks, tuner=tuner, target=tvm.target.Target(target), models=["m"])
+    path = tmp_path / "tasks.json"
+    path.write_text(json.dumps(document))
+    loaded = load_tasks(path)
+    assert (loaded.tuner, str(loaded.target), loaded.models) == (
+        tuner,
+        str(tvm.target.Target(target)),
+        ("m",),
+    )
+    assert [(t.name, t.weight, t.key) for t in loaded.tasks] == [
+        (t.name, t.weight, t.key) for t in tasks
+    ]
+    for ours, back in zip(tasks, loaded.tasks, strict=True):
+        if tuner == "meta_schedule":
+            assert tvm.ir.structural_equal(ours.native.dispatched[0], back.native.dispatched[0])
+            assert tvm.ir.structural_equal(ours.native.mod, back.native.mod)
+        elif tuner == "autotvm":
+            assert (ours.native.name, ours.native.args) == (back.native.name, back.native.args)
+            assert len(back.native.config_space) == len(ours.native.config_space)
+        else:
+            assert back.native.workload_key == ours.native.workload_key
+            assert str(back.native.compute_dag) == str(ours.native.compute_dag)
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        "{",
+        '{"format": "other"}',
+        '{"format": "relay-tasks/1", "tuner": "autotvm", "target": "llvm", "tasks": [{"name": "x"}]}',
+    ],
+)
+def test_bad_task_files(content: str, tmp_path: Path) -> None:
+    path = tmp_path / "tasks.json"
+    path.write_text(content)
+    with pytest.raises(relay_tasks.ModelError, match="tasks.json: "):
+        load_tasks(path)
+
+
+def test_json_output_is_identical_across_processes(tmp_path: Path) -> None:
+    text, params = tmp_path / "m.relay", tmp_path / "m.params"
+    mod, weights = load("conv_bias_bn_relu")
+    text.write_text(mod.astext())
+    params.write_bytes(relay.save_param_dict(weights))
+    outputs = []
+    for seed in ("1", "2"):
+        for tuner in ("meta_schedule", "autotvm", "ansor"):
+            command = [
+                sys.executable,
+                "-m",
+                "relay_tasks.cli",
+                "extract",
+                str(text),
+                "--params",
+                str(params),
+                "--target",
+                X86,
+                "--tuner",
+                tuner,
+                "--format",
+                "json",
+            ]
+            env = {**os.environ, "PYTHONHASHSEED": seed}
+            outputs.append(subprocess.run(command, capture_output=True, env=env, check=True).stdout)
+    assert outputs[:3] == outputs[3:]
+    assert all(json.loads(o)["tasks"] for o in outputs)
+
+
+def _records(path: Path) -> int:
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def test_tune_writes_a_log_and_resumes(tmp_path: Path, capsys) -> None:
+    text, params = tmp_path / "m.relay", tmp_path / "m.params"
+    mod, weights = load("dense_softmax")
+    text.write_text(mod.astext())
+    params.write_bytes(relay.save_param_dict(weights))
+    target = str(relay_tasks.host_target())
+    tasks_file = tmp_path / "tasks.json"
+    assert (
+        main(
+            [
+                "extract",
+                str(text),
+                "--params",
+                str(params),
+                "--target",
+                target,
+                "--tuner",
+                "autotvm",
+                "--format",
+                "json",
+                "-o",
+                str(tasks_file),
+            ]
+        )
+        == 0
+    )
+    work = tmp_path / "work"
+    argv = ["tune", str(tasks_file), "--tuner", "autotvm", "--trials", "4", "--work-dir", str(work)]
+    assert main(argv) == 0
+    log = work / "autotvm.log"
+    first = _records(log)
+    assert first == 4  # 4 tasks, one trial each
+    assert main(argv) == 0  # everything asked for is logged: nothing is measured again
+    assert _records(log) == first
+    assert main([*argv[:-4], "--trials", "8", "--work-dir", str(work)]) == 0
+    assert _records(log) == 8  # the rerun added only the missing trials
+    assert "measurements logged" in capsys.readouterr().out
+
+
+def test_tune_through_an_rpc_tracker(tmp_path: Path) -> None:
+    from tvm.rpc.tracker import Tracker
+
+    from relay_tasks.rpc import start_server
+
+    tracker = Tracker(host="127.0.0.1", port=9190, port_end=9290, silent=True)
+    server = start_server(
+        ("127.0.0.1", tracker.port), "relay-tasks-test", host="127.0.0.1", port=9300
+    )
+    try:
+        mod, params = load("dense_softmax")
+        tasks = relay_tasks.extract(mod, relay_tasks.host_target(), params, tuner="autotvm")[:1]
+        logged = tune(
+            tasks,
+            relay_tasks.host_target(),
+            tuner="autotvm",
+            trials=2,
+            work_dir=tmp_path,
+            rpc_tracker=f"127.0.0.1:{tracker.port}",
+            rpc_key="relay-tasks-test",
+        )
+        assert logged == 2
+        lines = (tmp_path / "autotvm.log").read_text().splitlines()
+        assert all(json.loads(line)["result"][1] == 0 for line in lines)  # no measurement error
+    finally:
+        server.terminate()
+        tracker.terminate()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--rpc-tracker", "localhost"], "give --rpc-tracker HOST:PORT and --rpc-key KEY"),
+        (["--rpc-key", "k"], "--rpc-key needs --rpc-tracker HOST:PORT"),
+        (["--trials", "0"], "trials must be at least 1"),
+    ],
+)
+def test_tune_usage_errors(argv: list[str], message: str, capsys) -> None:
+    code = main(["tune", "dense_softmax_does_not_exist", "--work-dir", "/tmp/x", *argv])
+    assert code != 0
+    err = capsys.readouterr().err
+    assert err.startswith("relay-tasks: error: ") and "Traceback" not in err

@@ -1,0 +1,164 @@
+"""The drop-in: upstream's entry points run on relay-tasks, and real tuning scripts still work."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from tvm import auto_scheduler, autotvm, relay
+from tvm import meta_schedule as ms
+from tvm.contrib import graph_executor
+
+import relay_tasks
+
+from checks import assert_same_extracted_tasks
+from zoo import X86, load
+
+
+def _entry_points() -> list:
+    return [
+        ms.relay_integration.extract_tasks,
+        autotvm.task.extract_from_program,
+        autotvm.task.relay_integration.extract_from_program,
+        autotvm.task.extract_from_multiple_program,
+        auto_scheduler.extract_tasks,
+        auto_scheduler.relay_integration.extract_tasks,
+    ]
+
+
+def test_install_replaces_and_uninstall_restores() -> None:
+    originals = _entry_points()
+    relay_tasks.install()
+    relay_tasks.install()  # idempotent
+    try:
+        replaced = _entry_points()
+        assert all(new is not old for new, old in zip(replaced, originals, strict=True))
+        assert all(new.__wrapped__ is old for new, old in zip(replaced, originals, strict=True))
+    finally:
+        relay_tasks.uninstall()
+    assert all(new is old for new, old in zip(_entry_points(), originals, strict=True))
+    with relay_tasks.installed():
+        assert ms.relay_integration.extract_tasks is not originals[0]
+    assert ms.relay_integration.extract_tasks is originals[0]
+
+
+def test_installed_entry_points_equal_the_originals() -> None:
+    ms_up, at_up, _, at_multi_up, ansor_up, _ = _entry_points()
+    mod, params = load("conv_bias_bn_relu")
+    target = tvm.target.Target(X86)
+    expected_ms = ms_up(load("conv_bias_bn_relu")[0], target, params)
+    expected_at = at_up(load("conv_bias_bn_relu")[0]["main"], params, target)
+    expected_multi = at_multi_up(
+        [load("conv_bias_bn_relu")[0]["main"], load("dense_softmax")[0]["main"]],
+        [params, load("dense_softmax")[1]],
+        target,
+    )
+    expected_ansor, expected_weights = ansor_up(
+        load("conv_bias_bn_relu")[0]["main"], params, target
+    )
+    with relay_tasks.installed():
+        actual_ms = ms.relay_integration.extract_tasks(mod, target, params)
+        actual_at = autotvm.task.extract_from_program(mod["main"], params, target)
+        actual_multi = autotvm.task.extract_from_multiple_program(
+            [mod["main"], load("dense_softmax")[0]["main"]],
+            [params, load("dense_softmax")[1]],
+            target,
+        )
+        actual_ansor, actual_weights = auto_scheduler.extract_tasks(mod["main"], params, target)
+    assert_same_extracted_tasks(list(expected_ms), list(actual_ms))
+    assert [(t.name, t.args) for t in actual_at] == [(t.name, t.args) for t in expected_at]
+    assert [(t.name, t.args) for t in actual_multi] == [(t.name, t.args) for t in expected_multi]
+    assert [t.workload_key for t in actual_ansor] == [t.workload_key for t in expected_ansor]
+    assert actual_weights == expected_weights
+
+
+def _run(lib, mod: tvm.IRModule) -> np.ndarray:
+    module = graph_executor.GraphModule(lib["default"](tvm.cpu()))
+    shape = [int(d) for d in mod["main"].params[0].checked_type.shape]
+    module.set_input("data", np.random.default_rng(0).standard_normal(shape).astype("float32"))
+    module.run()
+    return module.get_output(0).numpy()
+
+
+@pytest.fixture()
+def reference() -> tuple[tvm.IRModule, dict, np.ndarray]:
+    mod, params = load("dense_softmax")
+    mod = relay.transform.InferType()(mod)
+    with tvm.transform.PassContext(opt_level=3):
+        lib = relay.build(mod, target=relay_tasks.host_target(), params=params)
+    return mod, params, _run(lib, mod)
+
+
+def test_an_autotvm_tuning_script_runs_unchanged(reference, tmp_path) -> None:
+    mod, params, expected = reference
+    target, log = relay_tasks.host_target(), str(tmp_path / "autotvm.log")
+    with relay_tasks.installed():
+        # --- an unmodified AutoTVM tuning script ---
+        tasks = autotvm.task.extract_from_program(mod["main"], target=target, params=params)
+        measure = autotvm.measure_option(
+            builder=autotvm.LocalBuilder(),
+            runner=autotvm.LocalRunner(number=1, repeat=1, timeout=20),
+        )
+        for task in tasks[:2]:
+            tuner = autotvm.tuner.RandomTuner(task)
+            tuner.tune(
+                n_trial=3, measure_option=measure, callbacks=[autotvm.callback.log_to_file(log)]
+            )
+        with autotvm.apply_history_best(log), tvm.transform.PassContext(opt_level=3):
+            lib = relay.build(mod, target=target, params=params)
+        # ---
+    assert len(tasks) >= 2
+    assert len(open(log).read().splitlines()) == 6
+    np.testing.assert_allclose(_run(lib, mod), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_an_ansor_tuning_script_runs_unchanged(reference, tmp_path) -> None:
+    mod, params, expected = reference
+    target, log = relay_tasks.host_target(), str(tmp_path / "ansor.json")
+    with relay_tasks.installed():
+        # --- an unmodified Ansor tuning script ---
+        tasks, weights = auto_scheduler.extract_tasks(mod["main"], params, target)
+        tuner = auto_scheduler.TaskScheduler(tasks[:2], weights[:2])
+        tuner.tune(
+            auto_scheduler.TuningOptions(
+                num_measure_trials=4,
+                runner=auto_scheduler.LocalRunner(repeat=1, timeout=20),
+                measure_callbacks=[auto_scheduler.RecordToFile(log)],
+            )
+        )
+        with (
+            auto_scheduler.ApplyHistoryBest(log),
+            tvm.transform.PassContext(
+                opt_level=3, config={"relay.backend.use_auto_scheduler": True}
+            ),
+        ):
+            lib = relay.build(mod, target=target, params=params)
+        # ---
+    assert len(tasks) >= 2
+    assert len(open(log).read().splitlines()) >= 2
+    np.testing.assert_allclose(_run(lib, mod), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_a_meta_schedule_tuning_script_runs_unchanged(reference, tmp_path) -> None:
+    import tvm.tir.tensor_intrin.x86
+
+    mod, params, expected = reference
+    target = tvm.target.Target(f"{relay_tasks.host_target()} -num-cores 2")
+    with relay_tasks.installed():
+        # --- an unmodified MetaSchedule tuning script ---
+        extracted = ms.relay_integration.extract_tasks(mod, target, params)
+        contexts, weights = ms.relay_integration.extracted_tasks_to_tune_contexts(
+            extracted[:2], work_dir=str(tmp_path)
+        )
+        database = ms.tune_tasks(
+            tasks=contexts,
+            task_weights=weights,
+            work_dir=str(tmp_path),
+            max_trials_global=4,
+            num_trials_per_iter=2,
+        )
+        lib = ms.relay_integration.compile_relay(database, mod, target, params)
+        # ---
+    assert len(extracted) >= 2
+    assert len(database.get_all_tuning_records()) >= 2
+    np.testing.assert_allclose(_run(lib, mod), expected, rtol=1e-4, atol=1e-5)
