@@ -11,7 +11,7 @@ import os as _os
 _os.environ.setdefault("TOPHUB_LOCATION", "NONE")
 
 from . import ansor, autotvm, meta_schedule
-from .api import extract
+from .api import extract, extract_models, tune
 from .dropin import install, installed, uninstall
 from .errors import (
     DependencyError,
@@ -21,8 +21,10 @@ from .errors import (
     TargetError,
     TuningError,
 )
+from .export import load_tasks
 from .extract import Task, extract_tasks
 from .inputs import host_target
+from .load import load_model
 
 __all__ = [
     "DependencyError",
@@ -35,10 +37,14 @@ __all__ = [
     "ansor",
     "autotvm",
     "extract",
+    "extract_models",
     "extract_tasks",
     "host_target",
     "install",
     "installed",
+    "load_model",
+    "load_tasks",
     "meta_schedule",
+    "tune",
     "uninstall",
 ]

@@ -39,12 +39,14 @@ def model_rows(*, small: bool = True, networks: bool = True) -> list[pytest.para
 
 
 def model_target_rows(**which: bool) -> list[pytest.param]:
+    """(model, target) rows; rows of one model and target share an xdist worker (and its
+    cached upstream oracles)."""
     rows = []
     for row in model_rows(**which):
+        name = row.values[0]
         for tname, target in TARGETS.items():
-            rows.append(
-                pytest.param(row.values[0], target, marks=row.marks, id=f"{row.values[0]}-{tname}")
-            )
+            group = pytest.mark.xdist_group(f"{name}-{tname}")
+            rows.append(pytest.param(name, target, marks=(*row.marks, group), id=f"{name}-{tname}"))
     return rows
 
 
