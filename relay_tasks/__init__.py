@@ -18,6 +18,7 @@ from .errors import (
     ExtractionError,
     ModelError,
     RelayTasksError,
+    SkippedTaskWarning,
     TargetError,
     TuningError,
 )
@@ -31,6 +32,7 @@ __all__ = [
     "ExtractionError",
     "ModelError",
     "RelayTasksError",
+    "SkippedTaskWarning",
     "TargetError",
     "Task",
     "TuningError",

@@ -105,12 +105,12 @@ def tune(
     folder = Path(work_dir)
     folder.mkdir(parents=True, exist_ok=True)
     runner = Runner(parse_tracker(rpc_tracker, rpc_key), rpc_key, timeout)
-    from .errors import TuningError
+    from .errors import TuningError, describe_failure
 
     try:
         return adapter.tune(tasks, as_target(target), trials, folder, runner)
     except (OSError, RuntimeError) as err:
-        raise TuningError(f"{adapter.name} tuning failed: {_last_line(err)}") from err
+        raise TuningError(f"{adapter.name} tuning failed: {describe_failure(err)}") from err
 
 
 def parse_tracker(address: str | None, key: str | None) -> tuple[str, int] | None:
@@ -124,8 +124,3 @@ def parse_tracker(address: str | None, key: str | None) -> tuple[str, int] | Non
             f"cannot use RPC tracker {address!r}: give --rpc-tracker HOST:PORT and --rpc-key KEY"
         )
     return host, int(port)
-
-
-def _last_line(err: BaseException) -> str:
-    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-    return lines[-1] if lines else type(err).__name__

@@ -9,13 +9,14 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from .adapters import ADAPTERS, TunerTask
 from .adapters.meta_schedule import MODULE_EQUALITIES
-from .errors import ModelError, RelayTasksError
+from .errors import ModelError, RelayTasksError, SkippedTaskWarning
 from .load import FORMATS
 from .zoo import DEFAULT_MODEL, MODELS
 
@@ -101,7 +102,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return {"extract": _extract, "tune": _tune, "serve": _serve}[args.verb](args)
+        with warnings.catch_warnings():
+            warnings.showwarning = _one_line_warning
+            return {"extract": _extract, "tune": _tune, "serve": _serve}[args.verb](args)
     except RelayTasksError as err:
         print(f"relay-tasks: error: {err}", file=sys.stderr)
         return err.exit_code
@@ -226,6 +229,12 @@ def format_table(tasks: list[TunerTask], *, several: bool = False) -> str:
         cells += [f"{r[3]:<{widths[3]}}" if several else r[3], *r[4:]]
         lines.append("  ".join(cells).rstrip())
     return "\n".join(lines)
+
+
+def _one_line_warning(message: Warning | str, category: type[Warning], *_: Any, **__: Any) -> None:
+    """Our own warnings (functions left out) as one line each; others keep their category."""
+    prefix = "warning" if issubclass(category, SkippedTaskWarning) else category.__name__
+    print(f"relay-tasks: {prefix}: {message}", file=sys.stderr)
 
 
 def _status(message: str) -> None:

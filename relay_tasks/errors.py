@@ -7,6 +7,9 @@ expected and how to fix it. The CLI maps each class to its own exit code.
 
 from __future__ import annotations
 
+import traceback
+from pathlib import Path
+
 
 class RelayTasksError(Exception):
     """Base class of every error relay-tasks raises on purpose."""
@@ -42,3 +45,21 @@ class TuningError(RelayTasksError, RuntimeError):
     """A tuner could not be set up or failed while tuning."""
 
     exit_code = 7
+
+
+class SkippedTaskWarning(UserWarning):
+    """A primitive function was left out: its tuner cannot make a task of it (a dynamic shape)."""
+
+
+def describe_failure(err: BaseException) -> str:
+    """One line for an error TVM raised: the last line of its message (TVM's C++ errors carry a
+    whole backtrace before it), or where it was raised when it has no message (bare asserts in
+    TOPI strategies)."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    if lines:
+        return lines[-1]
+    frames = traceback.extract_tb(err.__traceback__)
+    if not frames:
+        return type(err).__name__
+    last = frames[-1]
+    return f"{type(err).__name__} in {last.name} ({Path(last.filename).name}:{last.lineno})"

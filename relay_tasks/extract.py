@@ -8,6 +8,7 @@ built.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -19,7 +20,7 @@ from tvm.ir import IRModule
 from tvm.ir.supply import NameSupply
 from tvm.target import Target
 
-from .errors import ExtractionError
+from .errors import ExtractionError, RelayTasksError, SkippedTaskWarning, describe_failure
 from .inputs import ParamsLike, TargetLike, as_module, as_params, as_target
 from .lower import LoweredTE, lower_to_te
 from .pipeline import PassSettings, extraction_scope, optimize
@@ -171,6 +172,44 @@ def _walk(main: relay.Function) -> tuple[list[relay.Function], list[relay.Functi
     return visited, called
 
 
+def dynamic_shape(func: relay.Function) -> str | None:
+    """The first input or output shape of ``func`` with a dimension only known at run time.
+
+    Printed with ``?`` for such dimensions, e.g. ``(?, 16)``; None when every shape is static.
+    Tuners measure kernels on concrete shapes, so a function with one cannot become a task.
+    """
+    types = [p.checked_type for p in func.params] + [func.ret_type]
+    while types:
+        ty = types.pop(0)
+        if isinstance(ty, relay.TupleType):
+            types[:0] = list(ty.fields)
+        elif isinstance(ty, relay.TensorType) and not all(
+            isinstance(d, tvm.tir.IntImm) for d in ty.shape
+        ):
+            dims = [str(int(d)) if isinstance(d, tvm.tir.IntImm) else "?" for d in ty.shape]
+            return f"({', '.join(dims)})"
+    return None
+
+
+def display_name(task: Task) -> str:
+    """The task's name as the tuners print it (TVM's raw fused names keep op names' dots)."""
+    return task.name.replace(".", "_")
+
+
+def warn_skipped_dynamic(task: Task, tuner: str) -> bool:
+    """Warn that ``task`` is left out for its dynamic shape; False if its shapes are static."""
+    shape = dynamic_shape(task.func)
+    if shape is None:
+        return False
+    warnings.warn(
+        f"{display_name(task)} has the dynamic shape {shape}: {tuner} cannot tune it and it "
+        "is left out, as upstream leaves it out; give the model static input shapes to tune it",
+        SkippedTaskWarning,
+        stacklevel=3,
+    )
+    return True
+
+
 def _is_task(func: relay.Function) -> bool:
     attrs = func.attrs
     if attrs is None or "Primitive" not in attrs or not int(attrs["Primitive"]):
@@ -204,13 +243,12 @@ def _lower_groups(groups: list[_Group], target: Target, scope: LoweringScope) ->
 def _lower_one(func: relay.Function, target: Target, constant_names: NameSupply) -> LoweredTE:
     try:
         return lower_to_te(func, target, constant_names)
-    except ExtractionError:
+    except RelayTasksError:
         raise
-    except (tvm.TVMError, ValueError, RuntimeError, AttributeError) as err:
-        detail = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
+    except Exception as err:  # strategies and TOPI computes raise anything at all
         raise ExtractionError(
             f"cannot lower a primitive function to TE compute for target {target.kind.name}: "
-            f"{detail}"
+            f"{describe_failure(err)}"
         ) from err
 
 

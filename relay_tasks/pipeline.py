@@ -18,7 +18,7 @@ from tvm.ir import IRModule
 from tvm.ir.transform import PassContext
 from tvm.target import Target
 
-from .errors import ExtractionError, ModelError
+from .errors import ExtractionError, ModelError, RelayTasksError, describe_failure
 from .fold import FoldConstant
 from .inputs import with_functions
 from .simplify import SimplifyExpr, SimplifyExprPostAlterOp
@@ -198,10 +198,12 @@ def optimize(mod: IRModule, params: Mapping[str, tvm.nd.NDArray]) -> IRModule:
     try:
         steps = [*pass_prefix(), relay.transform.FuseOps()]
         return run_passes(steps, bind_params(mod, params))
-    except tvm.TVMError as err:
-        raise ExtractionError(f"Relay optimisation failed: {_last_line(err)}") from err
-
-
-def _last_line(err: BaseException) -> str:
-    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-    return lines[-1] if lines else type(err).__name__
+    except RelayTasksError:
+        raise
+    except Exception as err:  # TOPI's legalize / alter-layout hooks raise anything at all
+        target = tvm.target.Target.current()
+        raise ExtractionError(
+            f"TVM failed to optimise the model for {target.kind.name if target else 'its target'}"
+            f": {describe_failure(err)} (raised by TVM's own passes, which upstream's extraction "
+            "runs too; another layout or target for this op may avoid it)"
+        ) from err

@@ -2,7 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import hypothesis
+import numpy as np
 import tvm
+from hypothesis.control import currently_in_test_context
+
+from relay_tasks import RelayTasksError
+from relay_tasks.adapters.meta_schedule import extract_task_from_relay
+from relay_tasks.ansor import extract_tasks as ansor_extract_tasks
+from relay_tasks.autotvm import extract_tasks as autotvm_extract_tasks
+
+import oracles
+from cuda_schedules import cuda_injective_schedules
+from zoo import copy_module
+
+Params = dict[str, "np.ndarray | tvm.nd.NDArray"]
 
 
 def assert_same_extracted_tasks(expected: list, actual: list) -> None:
@@ -16,6 +32,94 @@ def assert_same_extracted_tasks(expected: list, actual: list) -> None:
         for exp_mod, act_mod in zip(exp.dispatched, act.dispatched, strict=True):
             assert tvm.ir.structural_equal(exp_mod, act_mod), f"dispatched TIR of {exp.task_name}"
         assert tvm.ir.structural_equal(exp.mod, act.mod), f"relay function of {exp.task_name}"
+
+
+def assert_meta_schedule_matches(
+    mod: tvm.IRModule, params: Params, target: str, module_equality: str = "structural"
+) -> list:
+    """Ours equals ``ms.relay_integration.extract_tasks`` on a private copy of the model."""
+    expected, actual = _both(
+        lambda: oracles.meta_schedule_of(copy_module(mod), _nd(params), target, module_equality),
+        lambda: extract_task_from_relay(
+            copy_module(mod), target, params, module_equality=module_equality
+        ),
+        lambda traced, ours: False,
+    )
+    assert_same_extracted_tasks(expected, actual)
+    return actual
+
+
+def assert_autotvm_matches(mod: tvm.IRModule, params: Params, target: str) -> list:
+    """Ours equals ``autotvm.task.extract_from_program``: templates, args, order."""
+
+    def ours() -> list:
+        with cuda_injective_schedules():  # around both calls, as upstream needs it on CUDA
+            tasks = autotvm_extract_tasks(copy_module(mod), target, params)
+        return [(t.name, t.args) for t in tasks]
+
+    expected, actual = _both(
+        lambda: oracles.autotvm_tasks_of(copy_module(mod), _nd(params), target),
+        ours,
+        lambda traced, ours: ours[: len(traced)] == traced,  # both in the compiler's call order
+    )
+    assert actual == expected, _first_difference(expected, actual)
+    return actual
+
+
+def assert_ansor_matches(
+    mod: tvm.IRModule, params: Params, target: str, include_simple_tasks: bool = False
+) -> list:
+    """Ours equals ``auto_scheduler.extract_tasks``: workload keys, descriptions, weights, order."""
+
+    def ours() -> list:
+        with cuda_injective_schedules():
+            tasks, weights = ansor_extract_tasks(
+                copy_module(mod),
+                params,
+                target,
+                hardware_params=oracles.hardware_params(target),
+                include_simple_tasks=include_simple_tasks,
+            )
+        return [(t.workload_key, t.desc, w) for t, w in zip(tasks, weights, strict=True)]
+
+    expected, actual = _both(
+        lambda: oracles.ansor_tasks_of(copy_module(mod), _nd(params), target, include_simple_tasks),
+        ours,
+        lambda traced, ours: {r[0] for r in traced} <= {r[0] for r in ours},  # workload keys
+    )
+    assert actual == expected, _first_difference(expected, actual)
+    return actual
+
+
+def _both(
+    upstream: Callable[[], list], ours: Callable[[], list], covers: Callable[[list, list], bool]
+) -> tuple[list, list]:
+    """Upstream's result and ours, for the caller to compare.
+
+    Where upstream raises, ours must raise one of the package's own errors, or, where upstream
+    got as far as tracing tasks before its compile failed (a TE schedule or TIR lowering that
+    extraction never needs), return tasks that ``covers`` what upstream had traced; then ours is
+    returned twice.
+    """
+    try:
+        expected = upstream()
+    except oracles.UpstreamFailed as failure:
+        if currently_in_test_context():  # fuzzing: count these apart in the statistics
+            hypothesis.event(f"upstream fails: {type(failure.error).__name__}")
+        try:
+            actual = ours()
+        except RelayTasksError:
+            return [], []
+        assert failure.traced is not None, f"upstream failed ({failure}), ours did not"
+        assert covers(failure.traced, actual), (
+            f"upstream failed ({failure}) after tracing {failure.traced}; ours: {actual}"
+        )
+        return actual, actual
+    return expected, ours()
+
+
+def _nd(params: Params) -> dict[str, tvm.nd.NDArray]:
+    return {k: v if isinstance(v, tvm.nd.NDArray) else tvm.nd.array(v) for k, v in params.items()}
 
 
 def _first_difference(expected: list, actual: list) -> str:

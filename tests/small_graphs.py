@@ -167,3 +167,22 @@ SMALL_GRAPHS: dict[str, Callable[[], Workload]] = {
     "repeated_blocks": repeated_blocks,
     "simplify_patterns": simplify_patterns,
 }
+
+
+def partitioned_for_ccompiler() -> Workload:
+    """repeated_blocks with its residual adds offloaded to the C codegen, as a BYOC user would."""
+    mod, params = repeated_blocks()
+    mod = relay.transform.InferType()(mod)
+    offloaded = ("add",)
+    try:
+        for op in offloaded:
+            tvm.ir.register_op_attr(op, "target.ccompiler", lambda expr: True)
+        annotated = relay.transform.PartitionGraph()(
+            relay.transform.MergeCompilerRegions()(
+                relay.transform.AnnotateTarget(["ccompiler"])(mod)
+            )
+        )
+    finally:
+        for op in offloaded:
+            relay.op.get(op).reset_attr("target.ccompiler")
+    return annotated, params

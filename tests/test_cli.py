@@ -233,3 +233,31 @@ def test_module_equality_is_for_meta_schedule_only(capsys) -> None:
     argv = ["extract", "resnet-18", "--tuner", "autotvm", "--module-equality", "anchor-block"]
     assert main(argv) == ModelError.exit_code
     assert "--module-equality applies to --tuner meta_schedule only" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("tuner", "code", "message"),
+    [
+        (
+            "meta_schedule",
+            0,
+            "relay-tasks: warning: fused_nn_dense_nn_relu has the dynamic shape (?, 8): MetaSchedule cannot tune it",
+        ),
+        (
+            "autotvm",
+            3,
+            "relay-tasks: error: AutoTVM cannot make a dense_pack.x86 task of fused_nn_dense_nn_relu: its shape (?, 8) is dynamic",
+        ),
+    ],
+)
+def test_dynamic_shapes_get_one_line(tuner: str, code: int, message: str, tmp_path, capsys) -> None:
+    text = tmp_path / "dynamic.relay"
+    data, w = relay.var("data", shape=(relay.Any(), 8)), relay.var("w", shape=(4, 8))
+    text.write_text(
+        tvm.IRModule.from_expr(
+            relay.Function([data, w], relay.nn.relu(relay.nn.dense(data, w)))
+        ).astext()
+    )
+    assert main(["extract", str(text), "--target", X86, "--tuner", tuner]) == code
+    err = capsys.readouterr().err
+    assert err.startswith(message) and err.count("\n") == 1, err

@@ -19,8 +19,9 @@ from relay_tasks.adapters.meta_schedule import (
 )
 
 import oracles
-from checks import assert_same_extracted_tasks
+from checks import assert_meta_schedule_matches, assert_same_extracted_tasks
 from cuda_schedules import cuda_injective_schedules
+from small_graphs import partitioned_for_ccompiler
 from zoo import CUDA, X86, load, model_target_rows
 
 
@@ -124,28 +125,10 @@ def test_a_broken_te_schedule_does_not_stop_extraction(target: str) -> None:
 
 
 def test_functions_for_an_external_compiler_are_not_tasks() -> None:
-    mod, params = load("concat_pool")
-    mod = relay.transform.InferType()(mod)
-    # Offload the pooling ops to the C codegen, as a BYOC user would.
-    offloaded = ("nn.max_pool2d", "nn.avg_pool2d")
-    try:
-        for op in offloaded:
-            tvm.ir.register_op_attr(op, "target.ccompiler", lambda expr: True)
-        annotated = relay.transform.PartitionGraph()(
-            relay.transform.MergeCompilerRegions()(
-                relay.transform.AnnotateTarget(["ccompiler"])(mod)
-            )
-        )
-    finally:
-        for op in offloaded:
-            relay.op.get(op).reset_attr("target.ccompiler")
+    annotated, params = partitioned_for_ccompiler()
     externals = [gv.name_hint for gv in annotated.get_global_vars() if gv.name_hint != "main"]
     assert externals, "the partitioning offloaded nothing; the test would prove nothing"
-    expected = ms.relay_integration.extract_tasks(
-        tvm.IRModule(dict(annotated.functions.items())), tvm.target.Target(X86), params
-    )
-    assert_same_extracted_tasks(list(expected), extract_task_from_relay(annotated, X86, params))
-    tasks = extract_tasks(annotated, X86, params)
-    for task in tasks:
+    assert_meta_schedule_matches(annotated, params, X86)
+    for task in extract_tasks(annotated, X86, params):
         assert "Compiler" not in task.func.attrs
-        assert not any(op.replace(".", "_") in task.name.replace(".", "_") for op in offloaded)
+        assert "add" not in task.name

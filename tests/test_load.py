@@ -9,7 +9,6 @@ import onnx
 import pytest
 import tvm
 from onnx import TensorProto, helper, numpy_helper
-from tflite_writer import fully_connected_model
 from tvm import meta_schedule as ms
 from tvm import relay
 
@@ -18,6 +17,7 @@ from relay_tasks.load import load_model, parse_shapes
 from relay_tasks.meta_schedule import extract_task_from_relay
 
 from checks import assert_same_extracted_tasks
+from tflite_writer import fully_connected_model
 from zoo import X86
 
 

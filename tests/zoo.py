@@ -17,6 +17,7 @@ from small_graphs import SMALL_GRAPHS
 
 X86 = "llvm -mtriple=x86_64-linux-gnu -mcpu=skylake-avx512"
 CUDA = "cuda -arch=sm_80"
+AARCH64 = "llvm -mtriple=aarch64-linux-gnu -mattr=+neon"
 TARGETS = {"x86": X86, "cuda": CUDA}
 
 #: Networks from tvm.relay.testing; only ResNet-18 runs by default.
@@ -60,4 +61,8 @@ def _build(name: str) -> tuple[tvm.IRModule, dict[str, tvm.nd.NDArray]]:
 def load(name: str) -> tuple[tvm.IRModule, dict[str, tvm.nd.NDArray]]:
     """A private copy of a zoo model: upstream's extractors bind params into the module they get."""
     mod, params = _build(name)
-    return tvm.IRModule(dict(mod.functions.items()), dict(mod.type_definitions.items())), params
+    return copy_module(mod), params
+
+
+def copy_module(mod: tvm.IRModule) -> tvm.IRModule:
+    return tvm.IRModule(dict(mod.functions.items()), dict(mod.type_definitions.items()))

@@ -28,7 +28,7 @@ from tvm.target import Target
 
 from ..cxx import hash_combine, std_hash_string, unordered_map_order
 from ..errors import ModelError, TargetError
-from ..extract import Task, run_extraction
+from ..extract import Task, run_extraction, warn_skipped_dynamic
 from ..inputs import ParamsLike, TargetLike, as_target
 from ..pipeline import PassSettings
 from .base import Adapter, Runner, TunerTask
@@ -224,7 +224,8 @@ def _extract(
     env = TracingEnvironment(mode)
     with _tracing(env, tgt):
         for name, task in zip(names, in_call_order, strict=True):
-            upstream.auto_schedule_topi(name, _schedulable_outputs(task))
+            if not warn_skipped_dynamic(task, "Ansor"):
+                upstream.auto_schedule_topi(name, _schedulable_outputs(task))
         upstream.te_compiler_update_weights(op_weights(in_call_order, names, tgt))
     by_name = dict(zip(names, in_call_order, strict=True))
     result = []

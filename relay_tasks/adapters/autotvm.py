@@ -22,7 +22,7 @@ from tvm.autotvm.task.dispatcher import DispatchContext, FallbackContext
 from tvm.target import Target
 
 from ..errors import ModelError
-from ..extract import Task, run_extraction
+from ..extract import Task, display_name, dynamic_shape, run_extraction
 from ..inputs import ParamsLike, TargetLike, as_target
 from ..pipeline import PassSettings
 from .base import Adapter, Runner, TunerTask
@@ -146,6 +146,15 @@ def _extract(
             result.append((source, autotvm.task.create(name, args, target=tgt)))
         except _invalid_shape_error():
             continue  # upstream drops these too (with a warning)
+        except Exception as err:
+            shape = dynamic_shape(source.func) if source else None
+            if source is None or shape is None:
+                raise
+            raise ModelError(
+                f"AutoTVM cannot make a {name} task of {display_name(source)}: its shape "
+                f"{shape} is dynamic (upstream's extraction fails here too); give the model "
+                "static input shapes, or use MetaSchedule, which leaves dynamic functions out"
+            ) from err
     return result
 
 

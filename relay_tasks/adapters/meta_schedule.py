@@ -24,7 +24,7 @@ from tvm.target import Target
 
 from ..cxx import std_sort
 from ..errors import ModelError
-from ..extract import Task, run_extraction
+from ..extract import Task, run_extraction, warn_skipped_dynamic
 from ..inputs import ParamsLike, TargetLike, as_module, as_target
 from ..pipeline import PassSettings, extraction_scope
 from .base import Adapter, Runner, TunerTask
@@ -150,6 +150,9 @@ def to_extracted_tasks(
     converter_name = str(settings.config.get("relay.backend.tir_converter", "default"))
     with extraction_scope(target, settings):
         tir = {id(t): tir_module(t, converter_name) for t in tasks}
+    for task in tasks:
+        if tir[id(task)] is None:
+            warn_skipped_dynamic(task, "MetaSchedule")
     occurrences = [t for _, t in sorted((v, t) for t in tasks for v in t.visits if tir[id(t)])]
     order = list(range(len(occurrences)))
     if module_equality == "anchor-block":

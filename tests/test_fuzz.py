@@ -1,0 +1,48 @@
+"""Differential fuzzing: random Relay graphs, ours against upstream, for every tuner and target.
+
+The default run checks a small fixed set of graphs per tuner (derandomized, so CI is
+reproducible). ``--fuzz-examples N`` (or ``RELAY_TASKS_FUZZ_EXAMPLES=N``) runs N fresh random
+graphs per tuner instead; hypothesis shrinks any mismatch to a minimal graph and prints it as
+Relay text, and its example database replays it first on the next run.
+"""
+
+from __future__ import annotations
+
+import os
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from relay_tasks.adapters.meta_schedule import MODULE_EQUALITIES
+
+from checks import assert_ansor_matches, assert_autotvm_matches, assert_meta_schedule_matches
+from relay_graphs import Graph, relay_graphs
+from zoo import AARCH64, CUDA, X86
+
+_BUDGET = os.environ.get("RELAY_TASKS_FUZZ_EXAMPLES")
+fuzz = settings(
+    max_examples=int(_BUDGET) if _BUDGET else 25,
+    derandomize=not _BUDGET,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    print_blob=True,
+)
+targets = st.sampled_from([X86, CUDA, AARCH64])
+
+
+@fuzz
+@given(graph=relay_graphs(), target=targets, module_equality=st.sampled_from(MODULE_EQUALITIES))
+def test_meta_schedule_equals_upstream(graph: Graph, target: str, module_equality: str) -> None:
+    assert_meta_schedule_matches(graph.mod, graph.params, target, module_equality)
+
+
+@fuzz
+@given(graph=relay_graphs(), target=targets)
+def test_autotvm_equals_upstream(graph: Graph, target: str) -> None:
+    assert_autotvm_matches(graph.mod, graph.params, target)
+
+
+@fuzz
+@given(graph=relay_graphs(), target=targets, simple=st.booleans())
+def test_ansor_equals_upstream(graph: Graph, target: str, simple: bool) -> None:
+    assert_ansor_matches(graph.mod, graph.params, target, simple)
