@@ -154,8 +154,11 @@ def autotvm_tasks_of(mod, params, target: str) -> list[tuple[str, tuple]]:
     from cuda_schedules import cuda_injective_schedules
 
     failures: list[BaseException] = []
-    with cuda_injective_schedules(), thread_failures(failures):  # see cuda_schedules.py
-        tasks = autotvm.task.extract_from_program(mod, target=target, params=params)
+    try:
+        with cuda_injective_schedules(), thread_failures(failures):  # see cuda_schedules.py
+            tasks = autotvm.task.extract_from_program(mod, target=target, params=params)
+    except Exception as err:  # making a task of what it traced (after the thread) failed
+        raise UpstreamFailed(err) from err
     rows = [(t.name, t.args) for t in tasks]
     if failures:
         raise UpstreamFailed(failures[0], rows)
@@ -183,7 +186,7 @@ def ansor_tasks_of(mod, params, target: str, include_simple_tasks: bool = False)
                 hardware_params=hardware_params(target),
                 include_simple_tasks=include_simple_tasks,
             )
-    except tvm.TVMError as err:
+    except Exception as err:  # Ansor re-raises the thread's TVMErrors; others are raised here
         failures.append(err)
     if failures:
         raise UpstreamFailed(failures[0], _ansor_traced(mod, params, target, include_simple_tasks))
