@@ -21,7 +21,7 @@ from tvm.target import Target
 from .errors import ExtractionError, ModelError, RelayTasksError, describe_failure
 from .fold import FoldConstant
 from .inputs import with_functions
-from .simplify import SimplifyExpr, SimplifyExprPostAlterOp
+from .simplify import QnnLegalize, SimplifyExpr, SimplifyExprPostAlterOp
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,7 @@ def pass_prefix() -> list[Step]:
         transform.ToBasicBlockNormalForm(),
         # C++'s qnn.Legalize (QnnLegalize then QnnCanonicalize); the Python helper of the same
         # name only legalizes.
-        tvm.get_global_func("relay.qnn._transform.Legalize")(),
+        QnnLegalize(),
         transform.Legalize(),
         transform.SimplifyInference(),
         transform.EtaExpand(expand_constructor=True, expand_global_var=False),

@@ -1,4 +1,5 @@
-"""``SimplifyExpr`` and ``SimplifyExprPostAlterOp``, skipped when they provably change nothing.
+"""``SimplifyExpr``, ``SimplifyExprPostAlterOp`` and ``qnn.Legalize``, skipped when they provably
+change nothing.
 
 Both passes run a list of pattern rewrites to a fixed point, type-checking the whole graph and
 regrouping pattern matches once per rewrite per round: about 4 s of a 10 s ResNet-50 pipeline,
@@ -6,7 +7,9 @@ usually to change nothing at all. Each rewrite changes the graph only at a call 
 shape (``reshape(reshape(x))``, ``add(x, x)``, ``x * 1``, ...). Here a cheap, deliberately
 over-inclusive test of every call asks "could any rewrite fire here?"; if no call says yes, the
 pass would return the graph unchanged and is skipped, otherwise the real pass runs. A test runs the
-real passes wherever the screen says "no" and checks that they change nothing.
+real passes wherever the screen says "no" and checks that they change nothing. ``qnn.Legalize``
+rewrites only ``qnn.*`` calls, yet type-checks and rebuilds the whole graph (weights included)
+on float models too.
 """
 
 from __future__ import annotations
@@ -202,9 +205,12 @@ def might_rewrite(mod: tvm.IRModule, screens: Iterable[Screen]) -> bool:
 
 
 def _screened(
-    name: str, real: Callable[[], tvm.transform.Pass], screens: tuple[Screen, ...]
+    name: str,
+    real: Callable[[], tvm.transform.Pass],
+    screens: tuple[Screen, ...],
+    required: tuple[str, ...] = ("InferType",),
 ) -> Any:
-    @tvm.transform.module_pass(opt_level=0, name=name, required=["InferType"])  # type: ignore[untyped-decorator]
+    @tvm.transform.module_pass(opt_level=0, name=name, required=list(required))  # type: ignore[untyped-decorator]
     def screened(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
         return real()(mod) if might_rewrite(mod, screens) else mod
 
@@ -220,3 +226,13 @@ def SimplifyExprPostAlterOp() -> tvm.transform.Pass:
     """``SimplifyExprPostAlterOp``, skipped where it would change nothing."""
     real = tvm.get_global_func("relay._transform.SimplifyExprPostAlterOp")
     return _screened("SimplifyExprPostAlterOp", real, POST_ALTER_OP_SCREENS)
+
+
+#: qnn.Legalize lowers qnn ops (QnnLegalize, then QnnCanonicalize) and touches nothing else.
+QNN_LEGALIZE_SCREENS: tuple[Screen, ...] = (lambda call: _op_name(call).startswith("qnn."),)
+
+
+def QnnLegalize() -> tvm.transform.Pass:
+    """C++'s ``qnn.Legalize``, skipped on models without qnn ops."""
+    real = tvm.get_global_func("relay.qnn._transform.Legalize")
+    return _screened("qnn.Legalize", real, QNN_LEGALIZE_SCREENS, required=())
