@@ -237,7 +237,18 @@ def _lower_groups(groups: list[_Group], target: Target, scope: LoweringScope) ->
         with scope() as record:
             result = _lower_one(group.func, target, constant_names)
         lowered[id(group)] = (result, tuple(record))
-    return [_make_task(g, target, *lowered[id(g)]) for g in groups]
+    return [
+        make_task(
+            g.func,
+            target,
+            lowered[id(g)][0],
+            weight=len(g.visits),
+            visits=tuple(g.visits),
+            calls=tuple(g.calls),
+            traced=lowered[id(g)][1],
+        )
+        for g in groups
+    ]
 
 
 def _lower_one(func: relay.Function, target: Target, constant_names: NameSupply) -> LoweredTE:
@@ -252,15 +263,25 @@ def _lower_one(func: relay.Function, target: Target, constant_names: NameSupply)
         ) from err
 
 
-def _make_task(group: _Group, target: Target, lowered: LoweredTE, traced: tuple[Any, ...]) -> Task:
+def make_task(
+    func: relay.Function,
+    target: Target,
+    lowered: LoweredTE,
+    *,
+    weight: int,
+    visits: tuple[int, ...] = (),
+    calls: tuple[int, ...] = (),
+    traced: tuple[Any, ...] = (),
+) -> Task:
+    """The task record of a lowered primitive function (its key: structural hash, in hex)."""
     return Task(
         name=lowered.fused_name,
-        func=group.func,
+        func=func,
         target=target,
         lowered=lowered,
-        weight=len(group.visits),
-        key=f"{tvm.ir.structural_hash(group.func) & (2**64 - 1):016x}",
-        visits=tuple(group.visits),
-        calls=tuple(group.calls),
+        weight=weight,
+        key=f"{tvm.ir.structural_hash(func) & (2**64 - 1):016x}",
+        visits=visits,
+        calls=calls,
         traced=traced,
     )

@@ -14,7 +14,6 @@ from relay_tasks import (
     ExtractionError,
     ModelError,
     SkippedTaskWarning,
-    ansor,
     autotvm,
 )
 
@@ -142,13 +141,6 @@ def partly_dynamic() -> Model:
     return _module(conv, boxes), {"w": RNG.standard_normal((8, 3, 3, 3)).astype("float32")}
 
 
-def _is_storage_size(desc: str) -> bool:
-    """The VM's own storage-size computations for dynamic tensors: prod(shape) * itemsize."""
-    return all(
-        name.startswith(("vm_mod_fused_prod", "vm_mod_fused_multiply")) for name in desc.split(",")
-    )
-
-
 @pytest.mark.parametrize("target", [X86, CUDA])
 def test_dynamic_functions_are_left_out_of_meta_schedule_as_upstream_does(target: str) -> None:
     with pytest.warns(
@@ -173,21 +165,34 @@ def test_autotvm_names_the_dynamic_shape_where_upstream_fails() -> None:
     assert assert_autotvm_matches(*partly_dynamic(), X86)
 
 
+def dynamic_image_size() -> Model:
+    """Dynamic height and width: on x86 the NCHWc layout adds dynamic 5-d tensors."""
+    data = relay.var("data", shape=(1, 3, relay.Any(), relay.Any()))
+    w = relay.var("w", shape=(8, 3, 3, 3))
+    out = relay.nn.relu(relay.nn.conv2d(data, w, padding=(1, 1), channels=8, kernel_size=(3, 3)))
+    return _module(out), {"w": RNG.standard_normal((8, 3, 3, 3)).astype("float32")}
+
+
+def dynamic_tuple_of_dtypes() -> Model:
+    """A dynamic function with two outputs of different item sizes (float16, float32)."""
+    data = relay.var("data", shape=(relay.Any(), 8), dtype="float16")
+    left, right = relay.split(data, 2, axis=1)
+    return _module(relay.exp(left), relay.cast(right, "float32") * relay.const(2.0)), {}
+
+
+DYNAMIC = [dynamic_batch, partly_dynamic, dynamic_image_size, dynamic_tuple_of_dtypes]
+
+
 @pytest.mark.parametrize("simple", [False, True], ids=["complex-only", "with-simple"])
-def test_ansor_leaves_dynamic_functions_out(simple: bool) -> None:
-    """Upstream's Ansor drops the dynamic functions too, but compiles the model and so also
-    traces the VM's storage-size computations for them (prod of a shape vector, times the item
-    size). Those are not the model's; ours leaves them out and otherwise has upstream's tasks.
-    (Their names sit in upstream's hash map too, so its order of the rest differs.)"""
-    for model in (dynamic_batch, partly_dynamic):
-        mod, params = model()
-        upstream = oracles.ansor_tasks_of(copy_module(mod), params, X86, simple)
-        with pytest.warns(SkippedTaskWarning, match="dynamic shape"):
-            tasks, weights = ansor.extract_tasks(mod, params, X86, include_simple_tasks=simple)
-        ours = [(t.workload_key, t.desc, w) for t, w in zip(tasks, weights, strict=True)]
-        assert any(_is_storage_size(desc) for _, desc, _ in upstream)
-        assert sorted(ours) == sorted(r for r in upstream if not _is_storage_size(r[1]))
-    assert ours, "partly_dynamic has static tasks"
+@pytest.mark.parametrize("target", [X86, CUDA])
+@pytest.mark.parametrize("model", DYNAMIC, ids=[m.__name__ for m in DYNAMIC])
+def test_ansor_on_dynamic_shapes_equals_upstream(model, target: str, simple: bool) -> None:
+    """Upstream's Ansor extraction leaves dynamic functions out too, but compiles the model, so
+    its tasks include the VM's storage-size computations for them: ``prod`` over each dynamic
+    output's shape vector, then ``multiply`` by the item size. Ours has the same tasks."""
+    with pytest.warns(SkippedTaskWarning, match="dynamic shape"):
+        tasks = assert_ansor_matches(*model(), target, simple)
+    assert any(desc.startswith("vm_mod_fused_prod") for _, desc, _ in tasks)
 
 
 def _conv2d_1x1_nhwc(data_shape: tuple, kernel_shape: tuple, kernel_layout: str) -> Model:

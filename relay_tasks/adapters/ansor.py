@@ -28,9 +28,10 @@ from tvm.target import Target
 
 from ..cxx import hash_combine, std_hash_string, unordered_map_order
 from ..errors import ModelError, TargetError
-from ..extract import Task, run_extraction, warn_skipped_dynamic
+from ..extract import Task, make_task, run_extraction, warn_skipped_dynamic
 from ..inputs import ParamsLike, TargetLike, as_target
-from ..pipeline import PassSettings
+from ..lower import lower_to_te
+from ..pipeline import PassSettings, extraction_scope
 from .base import Adapter, Runner, TunerTask
 
 NAME = "ansor"
@@ -217,17 +218,21 @@ def _extract(
     settings = PassSettings(opt_level, PASS_CONFIG, DISABLED_PASSES)
     tasks = run_extraction(mod, tgt, params, settings)
     in_call_order = sorted(tasks, key=lambda t: t.calls[0] if t.calls else len(tasks) + t.visits[0])
-    names = vm_function_names(in_call_order)
+    # The compiler lowers in batches: the model's functions, then the storage-size functions its
+    # memory planning adds for dynamic shapes.
+    batches = [in_call_order, storage_size_tasks(in_call_order, tgt, settings)]
+    lowered = [task for batch in batches for task in batch]
+    names = vm_function_names(lowered)
     mode = (
         TracingMode.EXTRACT_TASK if include_simple_tasks else TracingMode.EXTRACT_COMPLEX_TASK_ONLY
     )
     env = TracingEnvironment(mode)
     with _tracing(env, tgt):
-        for name, task in zip(names, in_call_order, strict=True):
+        for name, task in zip(names, lowered, strict=True):
             if not warn_skipped_dynamic(task, "Ansor"):
                 upstream.auto_schedule_topi(name, _schedulable_outputs(task))
-        upstream.te_compiler_update_weights(op_weights(in_call_order, names, tgt))
-    by_name = dict(zip(names, in_call_order, strict=True))
+        upstream.te_compiler_update_weights(op_weights(batches, names, tgt))
+    by_name = dict(zip(names, lowered, strict=True))
     result = []
     for workload_key, (weight, func_names) in env.wkl_key_to_weight.items():
         search = _search_task(
@@ -275,37 +280,114 @@ def _schedulable_outputs(task: Task) -> list[te.Tensor]:
     return [topi.identity(t) if isinstance(t.op, te.PlaceholderOp) else t for t in task.outputs]
 
 
-def vm_function_names(in_call_order: Sequence[Task]) -> list[str]:
+def vm_function_names(lowered: Sequence[Task]) -> list[str]:
     """The names the VM compiler gives the functions it lowers (e.g. ``vm_mod_fused_nn_dense``)."""
     names = NameSupply(VM_MODULE_NAME)
     names.reserve_name("main", False)
-    return [str(names.fresh_name(t.name)) for t in in_call_order]
+    return [str(names.fresh_name(t.name)) for t in lowered]
 
 
-def op_weights(in_call_order: Sequence[Task], names: Sequence[str], target: Target) -> Any:
+def op_weights(batches: Sequence[Sequence[Task]], names: Sequence[str], target: Target) -> Any:
     """The compiler's function-use report: a TVM ``Map`` built exactly as the compiler builds it.
 
-    The compiler's cache is a ``std::unordered_map`` keyed by (labelled function, target); its
-    iteration order is copied into a TVM ``Map`` (``GetOpWeights``), which is copied into the
-    module's ``op_weights`` map. Both copies are replayed here with real TVM maps, since a
-    ``Map``'s iteration order depends on the order its keys were set.
+    Each lowering batch has its own cache, a ``std::unordered_map`` keyed by (labelled function,
+    target); its iteration order is copied into a TVM ``Map`` (``GetOpWeights``), whose entries
+    are then set into the module's ``op_weights`` map, which the batches share. Every copy is
+    replayed here with real TVM maps, since a ``Map``'s iteration order depends on the order its
+    keys were set.
     """
     target_hash = std_hash_string(str(target))
-    hashes = [
-        hash_combine(_structural_hash(_labelled(t.func)), target_hash) or 1 for t in in_call_order
+    report = tvm.IRModule()
+    first = 0
+    for batch in batches:
+        hashes = [
+            hash_combine(_structural_hash(_labelled(t.func)), target_hash) or 1 for t in batch
+        ]
+        cache = [(names[first + i], batch[i].weight) for i in unordered_map_order(hashes)]
+        report = _map_set(_map_items(_map_set(cache, tvm.IRModule())), report)
+        first += len(batch)
+    # The map itself: a dict would be copied into a new Map, in pointer-hash order, on its way
+    # to the callback.
+    return report.attrs._dict() if report.attrs is not None else {}
+
+
+def _map_set(items: Sequence[tuple[str, int]], holder: tvm.IRModule) -> tvm.IRModule:
+    """Set ``items``, in this order, into the TVM ``Map`` of ``holder``'s attributes."""
+    for key, value in items:
+        holder = holder.with_attr(str(key), tvm.tir.IntImm("int64", int(value)))
+    return holder
+
+
+def _map_items(holder: tvm.IRModule) -> list[tuple[str, int]]:
+    """The entries of ``holder``'s attribute ``Map`` in its iteration order."""
+    return list(holder.attrs._dict().items()) if holder.attrs is not None else []
+
+
+def storage_size_tasks(
+    in_call_order: Sequence[Task], target: Target, settings: PassSettings
+) -> list[Task]:
+    """The storage-size functions the VM's memory planning adds for dynamic shapes, as tasks.
+
+    For each call of a function whose result shape is known only at run time, ``ManifestAlloc``
+    computes the byte size of each output in Relay, ``prod(shape) * item size``, and the compiler
+    fuses and lowers those like the model's own functions: a ``prod`` over the int64 shape
+    vector and a scalar ``multiply``, each a function of its own. Upstream's Ansor extraction
+    compiles the model, so they are among its tasks; they are returned here in the order the
+    compiler lowers them, equal functions merged, weighted by their uses.
+    """
+    calls = sorted((c, i) for i, task in enumerate(in_call_order) for c in task.calls)
+    uses: list[relay.Function] = []
+    for _, i in calls:
+        for output in _dynamically_allocated_outputs(in_call_order[i].func):
+            item_size = (
+                tvm.DataType(output.dtype).bits * tvm.DataType(output.dtype).lanes + 7
+            ) // 8
+            shape = relay.var("shape", shape=(len(output.shape),), dtype="int64")
+            size = relay.var("size", shape=(), dtype="int64")
+            uses.append(_fused(shape, relay.prod(shape)))
+            uses.append(_fused(size, relay.multiply(size, relay.const(item_size, "int64"))))
+    distinct: list[tuple[relay.Function, int]] = []
+    for func in uses:
+        hit = next(
+            (k for k, (f, _) in enumerate(distinct) if tvm.ir.structural_equal(f, func)), None
+        )
+        if hit is None:
+            distinct.append((func, 1))
+        else:
+            distinct[hit] = (distinct[hit][0], distinct[hit][1] + 1)
+    with extraction_scope(target, settings):
+        return [
+            make_task(func, target, lower_to_te(func, target, NameSupply("")), weight=count)
+            for func, count in distinct
+        ]
+
+
+def _dynamically_allocated_outputs(func: relay.Function) -> list[relay.TensorType]:
+    """Every output of ``func`` if any has a run-time shape (the VM sizes them all at run
+    time), none otherwise; reshape-only functions reuse their input's storage."""
+    if (
+        func.attrs is not None
+        and "relay.reshape_only" in func.attrs.keys()  # noqa: SIM118 (Attrs is no dict)
+        and int(func.attrs["relay.reshape_only"])
+    ):
+        return []
+    ret = func.ret_type
+    outputs = list(ret.fields) if isinstance(ret, relay.TupleType) else [ret]
+    static = all(isinstance(d, tvm.tir.IntImm) for t in outputs for d in t.shape)
+    return [] if static else outputs
+
+
+def _fused(param: relay.Var, body: relay.Expr) -> relay.Function:
+    """``body`` as FuseOps makes it a primitive function of its own."""
+    mod = tvm.IRModule.from_expr(relay.Function([param], body))
+    with tvm.transform.PassContext(opt_level=3):
+        fused = relay.transform.FuseOps()(relay.transform.InferType()(mod))
+    (func,) = [
+        node.op
+        for node in [fused["main"].body]
+        if isinstance(node, relay.Call) and isinstance(node.op, relay.Function)
     ]
-    report: Any = [(names[i], in_call_order[i].weight) for i in unordered_map_order(hashes)]
-    for _ in range(2):
-        report = _tvm_map(report)
-    return report
-
-
-def _tvm_map(items: Any) -> Any:
-    """A TVM ``Map`` filled by ``Set`` in this order (a module's attributes are one)."""
-    mod = tvm.IRModule()
-    for key, value in items.items() if hasattr(items, "items") else items:
-        mod = mod.with_attr(str(key), tvm.tir.IntImm("int64", int(value)))
-    return mod.attrs._dict() if mod.attrs is not None else {}
+    return func
 
 
 def _structural_hash(expr: Any) -> int:
