@@ -173,6 +173,17 @@ def test_tune_writes_a_log_and_resumes(tmp_path: Path, capsys) -> None:
     assert "measurements logged" in capsys.readouterr().out
 
 
+def test_ansor_tuning_writes_only_into_the_work_dir(tmp_path: Path, monkeypatch) -> None:
+    cwd, work = tmp_path / "cwd", tmp_path / "work"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    mod, params = load("dense_softmax")
+    tasks = relay_tasks.extract(mod, relay_tasks.host_target(), params, tuner="ansor")[:1]
+    assert tune(tasks, relay_tasks.host_target(), tuner="ansor", trials=2, work_dir=work) == 2
+    assert {p.name for p in work.iterdir()} >= {"ansor.json", "total_latency.tsv"}
+    assert list(cwd.iterdir()) == []
+
+
 def test_tune_through_an_rpc_tracker(tmp_path: Path) -> None:
     from tvm.rpc.tracker import Tracker
 

@@ -157,6 +157,13 @@ def tune(
             [t.native for t in tasks],
             [t.weight for t in tasks],
             load_log_file=str(log) if done else None,
+            # Upstream's default writes total_latency.tsv into the current directory.
+            callbacks=[
+                auto_scheduler.task_scheduler.PrintTableInfo(),
+                auto_scheduler.task_scheduler.LogEstimatedLatency(
+                    str(work_dir / "total_latency.tsv")
+                ),
+            ],
         )
         scheduler.tune(
             auto_scheduler.TuningOptions(
