@@ -10,7 +10,7 @@ Relay text of its module, which is what hypothesis shows for a failing example.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -21,8 +21,10 @@ from tvm import relay
 
 @dataclass(frozen=True)
 class Value:
+    """A live value; ``None`` in its shape is a dimension known only at run time (relay.Any)."""
+
     expr: relay.Expr
-    shape: tuple[int, ...]
+    shape: tuple[int | None, ...]
     dtype: str
 
 
@@ -70,7 +72,8 @@ Op = Callable[[_Builder, Value], Value | list[Value]]
 def _infer(expr: relay.Expr) -> Value:
     checked = relay.transform.InferType()(tvm.IRModule.from_expr(expr))["main"].body
     ty = checked.checked_type
-    return Value(expr, tuple(int(d) for d in ty.shape), ty.dtype)
+    dims = tuple(int(d) if isinstance(d, tvm.tir.IntImm) else None for d in ty.shape)
+    return Value(expr, dims, ty.dtype)
 
 
 def _conv2d(b: _Builder, x: Value) -> Value:
@@ -141,7 +144,12 @@ def _unary(b: _Builder, x: Value) -> Value:
 
 def _arith(b: _Builder, x: Value) -> Value:
     op = b.draw(st.sampled_from([relay.add, relay.subtract, relay.multiply, relay.divide]))
-    kind = b.draw(st.sampled_from(["scalar", "channel", "full", "self"]))
+    kinds = ["scalar", "self"]
+    if len(x.shape) > 1 and x.shape[1] is not None:
+        kinds.append("channel")
+    if None not in x.shape:
+        kinds.append("full")
+    kind = b.draw(st.sampled_from(kinds))
     if kind == "scalar":
         other = b.scalar(x.dtype)
     elif kind == "self":
@@ -190,7 +198,7 @@ def _concatenate(b: _Builder, x: Value) -> Value:
 
 
 def _split(b: _Builder, x: Value) -> list[Value]:
-    axes = [i for i, d in enumerate(x.shape) if d % 2 == 0]
+    axes = [i for i, d in enumerate(x.shape) if d is not None and d % 2 == 0]
     axis = b.draw(st.sampled_from(axes))
     parts = relay.split(x.expr, 2, axis=axis)
     return [_infer(parts[0]), _infer(parts[1])]
@@ -214,9 +222,9 @@ def _transpose(b: _Builder, x: Value) -> Value:
 
 
 def _strided_slice(b: _Builder, x: Value) -> Value:
-    axes = [i for i, d in enumerate(x.shape) if d >= 2]
+    axes = [i for i, d in enumerate(x.shape) if d is not None and d >= 2]
     axis = b.draw(st.sampled_from(axes))
-    dim = x.shape[axis]
+    dim = int(x.shape[axis])  # type: ignore[arg-type]
     begin = b.draw(st.integers(0, dim // 2))
     stride = b.draw(st.sampled_from([1, 2]))
     return _infer(
@@ -271,25 +279,50 @@ _INPUT_SHAPES = st.one_of(
 )
 
 
+#: The dimensions an op reads to build its weights or attributes: they must be static.
+_READS: dict[str, Callable[[Value], Iterable[int]]] = {
+    "conv2d": lambda x: range(1, len(x.shape)),
+    "pool2d": lambda x: range(1, len(x.shape)),
+    "resize2d": lambda x: range(1, len(x.shape)),
+    "dense": lambda x: [1],
+    "batch_norm": lambda x: [1],
+    "constant_arith": lambda x: [-1],
+    "layer_norm": lambda x: [-1],
+    "batch_matmul": lambda x: range(len(x.shape)),
+    "concatenate": lambda x: range(len(x.shape)),
+    "reshape": lambda x: range(len(x.shape)),
+}
+
+
 def _applicable(name: str, x: Value) -> bool:
     _, ranks = OPS[name]
     if len(x.shape) not in ranks or x.shape[0] == 0:
         return False
+    if name in _READS and any(x.shape[i] is None for i in _READS[name](x)):
+        return False
     if name == "split":
-        return any(d % 2 == 0 for d in x.shape)
+        return any(d is not None and d % 2 == 0 for d in x.shape)
     if name == "strided_slice":
-        return any(d >= 2 for d in x.shape)
+        return any(d is not None and d >= 2 for d in x.shape)
     if name in ("conv2d", "pool2d", "resize2d"):
-        return min(x.shape[1:]) >= 1 and int(np.prod(x.shape)) <= 1 << 15
+        return int(np.prod([d for d in x.shape if d is not None])) <= 1 << 15
     return True
 
 
 @st.composite
 def relay_graphs(draw: Callable, max_ops: int = 8) -> Graph:
-    """A random Relay module of 1..max_ops ops on one float32 input, with its params."""
+    """A random Relay module of 1..max_ops ops on one float32 input, with its params.
+
+    One graph in four has a dynamic batch (``relay.Any()``): ops that read a dimension to build
+    weights or attributes are then drawn only where that dimension is static.
+    """
     b = _Builder(draw, draw(st.integers(0, 2**32 - 1)))
-    shape = draw(_INPUT_SHAPES)
-    b.values.append(Value(relay.var("data", shape=shape, dtype="float32"), shape, "float32"))
+    shape: tuple[int | None, ...] = draw(_INPUT_SHAPES)
+    if draw(st.sampled_from([False, False, False, True])):
+        shape = (None, *shape[1:])
+    relay_shape = [relay.Any() if d is None else d for d in shape]
+    data = relay.var("data", shape=relay_shape, dtype="float32")
+    b.values.append(Value(data, shape, "float32"))
     ops: list[str] = []
     for _ in range(draw(st.integers(1, max_ops))):
         # Mostly grow the newest value (a chain); sometimes branch off an older one.

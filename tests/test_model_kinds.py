@@ -183,6 +183,18 @@ def dynamic_tuple_of_dtypes() -> Model:
 DYNAMIC = [dynamic_batch, partly_dynamic, dynamic_image_size, dynamic_tuple_of_dtypes]
 
 
+def test_autotvm_names_a_dynamic_shape_a_layout_hook_traced() -> None:
+    """Found by the fuzzer: on arm_cpu the conv2d legalize hook instantiates the template
+    during the passes, on the dynamic shape, before any function exists to name."""
+    data, w = relay.var("data", shape=(relay.Any(), 4, 6, 6)), relay.var("w", shape=(4, 4, 1, 1))
+    mod = _module(relay.nn.conv2d(data, w, channels=4, kernel_size=(1, 1)))
+    params = {"w": RNG.standard_normal((4, 4, 1, 1)).astype("float32")}
+    with pytest.raises(oracles.UpstreamFailed):
+        oracles.autotvm_tasks_of(copy_module(mod), params, AARCH64)
+    with pytest.raises(ModelError, match=r"arm_cpu task: its shape \(\?, 4, 6, 6\) is dynamic"):
+        autotvm.extract_tasks(mod, AARCH64, params)
+
+
 @pytest.mark.parametrize("simple", [False, True], ids=["complex-only", "with-simple"])
 @pytest.mark.parametrize("target", [X86, CUDA])
 @pytest.mark.parametrize("model", DYNAMIC, ids=[m.__name__ for m in DYNAMIC])

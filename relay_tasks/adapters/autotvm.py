@@ -22,7 +22,7 @@ from tvm.autotvm.task.dispatcher import DispatchContext, FallbackContext
 from tvm.target import Target
 
 from ..errors import ModelError
-from ..extract import Task, display_name, dynamic_shape, run_extraction
+from ..extract import Task, display_name, run_extraction
 from ..inputs import ParamsLike, TargetLike, as_target
 from ..pipeline import PassSettings
 from .base import Adapter, Runner, TunerTask
@@ -147,15 +147,28 @@ def _extract(
         except _invalid_shape_error():
             continue  # upstream drops these too (with a warning)
         except Exception as err:
-            shape = dynamic_shape(source.func) if source else None
-            if source is None or shape is None:
+            shape = _dynamic_tensor_shape(args)
+            if shape is None:
                 raise
+            of = f" of {display_name(source)}" if source else ""
             raise ModelError(
-                f"AutoTVM cannot make a {name} task of {display_name(source)}: its shape "
-                f"{shape} is dynamic (upstream's extraction fails here too); give the model "
-                "static input shapes, or use MetaSchedule, which leaves dynamic functions out"
+                f"AutoTVM cannot make a {name} task{of}: its shape {shape} is dynamic "
+                "(upstream's extraction fails here too); give the model static input shapes, or "
+                "use MetaSchedule, which leaves dynamic functions out"
             ) from err
     return result
+
+
+def _dynamic_tensor_shape(args: Any) -> str | None:
+    """The first tensor shape in a template's arguments with a run-time dimension, as
+    ``(?, 16)``; None when all are static. (Templates traced by layout hooks during the passes
+    have no function to name, so the arguments are what there is.)"""
+    for arg in args:
+        if isinstance(arg, tuple) and len(arg) == 3 and arg[0] == "TENSOR":
+            dims = ["?" if not isinstance(d, int) else str(d) for d in arg[1]]
+            if "?" in dims:
+                return f"({', '.join(dims)})"
+    return None
 
 
 def _invalid_shape_error() -> type[Exception]:
