@@ -22,7 +22,7 @@ from tvm.target import Target
 
 from .errors import ExtractionError, RelayTasksError, SkippedTaskWarning, describe_failure
 from .inputs import ParamsLike, TargetLike, as_module, as_params, as_target
-from .lower import LoweredTE, lower_to_te
+from .lower import LoweredTE, flatten_tuple_type, lower_to_te
 from .pipeline import PassSettings, extraction_scope, optimize
 
 
@@ -179,16 +179,15 @@ def dynamic_shape(func: relay.Function) -> str | None:
     Tuners measure kernels on concrete shapes, so a function with one cannot become a task.
     """
     types = [p.checked_type for p in func.params] + [func.ret_type]
-    while types:
-        ty = types.pop(0)
-        if isinstance(ty, relay.TupleType):
-            types[:0] = list(ty.fields)
-        elif isinstance(ty, relay.TensorType) and not all(
-            isinstance(d, tvm.tir.IntImm) for d in ty.shape
-        ):
-            dims = [str(int(d)) if isinstance(d, tvm.tir.IntImm) else "?" for d in ty.shape]
-            return f"({', '.join(dims)})"
-    return None
+    shapes = (shape_text(t.shape) for ty in types for t in flatten_tuple_type(ty))
+    return next((shape for shape in shapes if shape is not None), None)
+
+
+def shape_text(dims: Any) -> str | None:
+    """``(?, 16)`` for a shape with a dimension known only at run time (any dimension that is
+    not an integer), None for a static shape."""
+    texts = [str(int(d)) if isinstance(d, (int, tvm.tir.IntImm)) else "?" for d in dims]
+    return f"({', '.join(texts)})" if "?" in texts else None
 
 
 def display_name(task: Task) -> str:

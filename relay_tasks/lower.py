@@ -95,7 +95,7 @@ class _TELowering:
         inputs: list[te.Tensor] = []
         for param in func.params:
             tensors = []
-            for ttype in _flatten_tuple_type(param.checked_type):
+            for ttype in flatten_tuple_type(param.checked_type):
                 name = param.name_hint or "placeholder"
                 tensors.append(te.placeholder(te_shape(ttype.shape), ttype.dtype, name))
             inputs.extend(tensors)
@@ -245,11 +245,12 @@ def _return_type(ttype: Any) -> Any:
     return ttype
 
 
-def _flatten_tuple_type(ty: Any) -> list[relay.TensorType]:
+def flatten_tuple_type(ty: Any) -> list[relay.TensorType]:
+    """The tensor types of a (possibly nested) tuple type, in order."""
     if isinstance(ty, relay.TensorType):
         return [ty]
     if isinstance(ty, relay.TupleType):
-        return [t for field in ty.fields for t in _flatten_tuple_type(field)]
+        return [t for field in ty.fields for t in flatten_tuple_type(field)]
     raise ExtractionError(f"cannot lower a parameter of type {ty}")
 
 

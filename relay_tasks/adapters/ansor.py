@@ -28,9 +28,9 @@ from tvm.target import Target
 
 from ..cxx import hash_combine, std_hash_string, unordered_map_order
 from ..errors import ModelError, TargetError
-from ..extract import Task, make_task, run_extraction, warn_skipped_dynamic
+from ..extract import Task, make_task, run_extraction, shape_text, warn_skipped_dynamic
 from ..inputs import ParamsLike, TargetLike, as_target
-from ..lower import lower_to_te
+from ..lower import flatten_tuple_type, lower_to_te
 from ..pipeline import PassSettings, extraction_scope
 from .base import Adapter, Runner, TunerTask
 
@@ -343,30 +343,33 @@ def storage_size_tasks(
     compiler lowers them, equal functions merged, weighted by their uses.
     """
     calls = sorted((c, i) for i, task in enumerate(in_call_order) for c in task.calls)
-    uses: list[relay.Function] = []
+    # A prod is told apart by the rank it reduces, a multiply by the item size: count the uses
+    # of each, in the order the compiler first lowers them.
+    uses: dict[tuple[str, int], int] = {}
     for _, i in calls:
         for output in _dynamically_allocated_outputs(in_call_order[i].func):
-            item_size = (
-                tvm.DataType(output.dtype).bits * tvm.DataType(output.dtype).lanes + 7
-            ) // 8
-            shape = relay.var("shape", shape=(len(output.shape),), dtype="int64")
-            size = relay.var("size", shape=(), dtype="int64")
-            uses.append(_fused(shape, relay.prod(shape)))
-            uses.append(_fused(size, relay.multiply(size, relay.const(item_size, "int64"))))
-    distinct: list[tuple[relay.Function, int]] = []
-    for func in uses:
-        hit = next(
-            (k for k, (f, _) in enumerate(distinct) if tvm.ir.structural_equal(f, func)), None
-        )
-        if hit is None:
-            distinct.append((func, 1))
-        else:
-            distinct[hit] = (distinct[hit][0], distinct[hit][1] + 1)
+            dtype = tvm.DataType(output.dtype)
+            for use in (
+                ("prod", len(output.shape)),
+                ("multiply", (dtype.bits * dtype.lanes + 7) // 8),
+            ):
+                uses[use] = uses.get(use, 0) + 1
+    tasks = []
     with extraction_scope(target, settings):
-        return [
-            make_task(func, target, lower_to_te(func, target, NameSupply("")), weight=count)
-            for func, count in distinct
-        ]
+        for (op, size), count in uses.items():
+            func = _storage_function(op, size)
+            lowered = lower_to_te(func, target, NameSupply(""))
+            tasks.append(make_task(func, target, lowered, weight=count))
+    return tasks
+
+
+def _storage_function(op: str, size: int) -> relay.Function:
+    """``prod`` over a shape vector of ``size`` dims, or ``multiply`` by an item size ``size``."""
+    if op == "prod":
+        shape = relay.var("shape", shape=(size,), dtype="int64")
+        return _fused(shape, relay.prod(shape))
+    elements = relay.var("elements", shape=(), dtype="int64")
+    return _fused(elements, relay.multiply(elements, relay.const(size, "int64")))
 
 
 def _dynamically_allocated_outputs(func: relay.Function) -> list[relay.TensorType]:
@@ -378,10 +381,8 @@ def _dynamically_allocated_outputs(func: relay.Function) -> list[relay.TensorTyp
         and int(func.attrs["relay.reshape_only"])
     ):
         return []
-    ret = func.ret_type
-    outputs = list(ret.fields) if isinstance(ret, relay.TupleType) else [ret]
-    static = all(isinstance(d, tvm.tir.IntImm) for t in outputs for d in t.shape)
-    return [] if static else outputs
+    outputs = flatten_tuple_type(func.ret_type)
+    return outputs if any(shape_text(t.shape) for t in outputs) else []
 
 
 def _fused(param: relay.Var, body: relay.Expr) -> relay.Function:
@@ -389,11 +390,7 @@ def _fused(param: relay.Var, body: relay.Expr) -> relay.Function:
     mod = tvm.IRModule.from_expr(relay.Function([param], body))
     with tvm.transform.PassContext(opt_level=3):
         fused = relay.transform.FuseOps()(relay.transform.InferType()(mod))
-    (func,) = [
-        node.op
-        for node in [fused["main"].body]
-        if isinstance(node, relay.Call) and isinstance(node.op, relay.Function)
-    ]
+    func: relay.Function = fused["main"].body.op  # main calls the one primitive function
     return func
 
 

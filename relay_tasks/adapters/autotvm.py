@@ -22,7 +22,7 @@ from tvm.autotvm.task.dispatcher import DispatchContext, FallbackContext
 from tvm.target import Target
 
 from ..errors import ModelError
-from ..extract import Task, display_name, run_extraction
+from ..extract import Task, display_name, run_extraction, shape_text
 from ..inputs import ParamsLike, TargetLike, as_target
 from ..pipeline import PassSettings
 from .base import Adapter, Runner, TunerTask
@@ -163,12 +163,9 @@ def _dynamic_tensor_shape(args: Any) -> str | None:
     """The first tensor shape in a template's arguments with a run-time dimension, as
     ``(?, 16)``; None when all are static. (Templates traced by layout hooks during the passes
     have no function to name, so the arguments are what there is.)"""
-    for arg in args:
-        if isinstance(arg, tuple) and len(arg) == 3 and arg[0] == "TENSOR":
-            dims = ["?" if not isinstance(d, int) else str(d) for d in arg[1]]
-            if "?" in dims:
-                return f"({', '.join(dims)})"
-    return None
+    tensors = (arg for arg in args if isinstance(arg, tuple) and arg[:1] == ("TENSOR",))
+    shapes = (shape_text(tensor[1]) for tensor in tensors)
+    return next((shape for shape in shapes if shape is not None), None)
 
 
 def _invalid_shape_error() -> type[Exception]:
