@@ -36,7 +36,7 @@ def _measure(side: str, tuner: str, model: str, target: str) -> dict[str, Any]:
     import tvm
 
     import relay_tasks  # noqa: F401  (environment: no TopHub download)
-    from relay_tasks.zoo import load_zoo_model
+    from relay_tasks.loaders.zoo import load_zoo_model
 
     mod, params = load_zoo_model(model)
     tgt = tvm.target.Target(target)

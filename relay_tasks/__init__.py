@@ -25,7 +25,7 @@ from .errors import (
 from .export import load_tasks
 from .extract import Task, extract_tasks
 from .inputs import host_target
-from .load import load_model
+from .loaders import load_model
 
 __all__ = [
     "DependencyError",

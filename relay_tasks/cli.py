@@ -17,8 +17,8 @@ from typing import Any
 from .adapters import ADAPTERS, TunerTask
 from .adapters.meta_schedule import MODULE_EQUALITIES
 from .errors import ModelError, RelayTasksError, SkippedTaskWarning
-from .load import FORMATS
-from .zoo import DEFAULT_MODEL, MODELS
+from .loaders import FORMATS
+from .loaders.zoo import DEFAULT_MODEL, MODELS
 
 EXIT_USAGE = 2
 EXIT_INTERNAL = 70
@@ -40,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="*",
         default=[DEFAULT_MODEL],
         metavar="MODEL",
-        help=f"built-in model ({', '.join(MODELS)}) or a model file (.onnx, .tflite, Relay text); "
+        help=f"built-in model ({', '.join(MODELS)}) or a model file (.onnx, .tflite, "
+        "TorchScript .pt/.pth/.torchscript, Relay text); "
         f"default {DEFAULT_MODEL}",
     )
     _model_options(ext)
@@ -82,7 +83,11 @@ def _model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model-format", choices=FORMATS, help="instead of guessing from the suffix"
     )
-    parser.add_argument("--input-shapes", help="tvmc's spelling: 'data:[1,3,224,224] mask:[1,128]'")
+    parser.add_argument(
+        "--input-shapes",
+        help="tvmc's spelling, with an optional dtype: 'data:[1,3,224,224] ids:[1,128]:int64'; "
+        "required for PyTorch models (one per input, in input order)",
+    )
     parser.add_argument(
         "--params", help="params file (relay.save_param_dict) for a Relay text model"
     )
@@ -137,15 +142,21 @@ def _target(args: argparse.Namespace) -> Any:
 
 def _tasks_of_models(args: argparse.Namespace, sources: Sequence[str]) -> list[TunerTask]:
     from .api import extract_models
-    from .load import load_model, parse_shapes
+    from .loaders import load_model, parse_shapes
 
-    shapes = parse_shapes(args.input_shapes) if args.input_shapes else None
+    shapes, dtypes = parse_shapes(args.input_shapes) if args.input_shapes else (None, None)
     if args.params and len(sources) > 1:
         raise ModelError("--params names the weights of one Relay model; give one model with it")
     models = [
         (
             source,
-            *load_model(source, params=args.params, model_format=args.model_format, shapes=shapes),
+            *load_model(
+                source,
+                params=args.params,
+                model_format=args.model_format,
+                shapes=shapes,
+                dtypes=dtypes,
+            ),
         )
         for source in sources
     ]

@@ -22,18 +22,22 @@ from tvm.target import Target
 
 from .errors import ExtractionError, RelayTasksError, SkippedTaskWarning, describe_failure
 from .inputs import ParamsLike, TargetLike, as_module, as_params, as_target
+from .ir import is_primitive_task
 from .lower import LoweredTE, flatten_tuple_type, lower_to_te
 from .pipeline import PassSettings, extraction_scope, optimize
+from .vm_compiler import compiler_calls
 
 
 @dataclass(frozen=True, eq=False)
 class Task:
     """One distinct primitive function of a model: what every tuner's task is made from.
 
-    ``visits`` are the positions of the function's occurrences among the primitive functions in
-    post order (the order upstream's MetaSchedule extraction walks); ``calls`` are their positions
-    in evaluation order (the order a compiler lowers call sites). ``weight`` is how many times the
-    function occurs. ``key`` identifies the function and target across processes and models.
+    ``visits`` are the positions of the function's occurrences among the primitive functions of
+    ``main`` in post order (the order upstream's MetaSchedule extraction walks); ``calls`` are the
+    positions of its call sites among those the VM compiler lowers, in its order (every global
+    function, loop bodies lifted, dead code dropped: see :func:`compiler_calls`). ``weight`` is
+    how many times the function occurs in ``main`` (call sites, for a function only other global
+    functions call). ``key`` identifies the function and target across processes and models.
     ``traced`` holds what a tuner's lowering scope recorded while this function was lowered.
     """
 
@@ -66,6 +70,9 @@ class _Group:
     visits: list[int] = field(default_factory=list)
     calls: list[int] = field(default_factory=list)
 
+
+#: The primitive functions a compiler lowers from a fused module, one per call site, in order.
+CallOrder = Callable[[IRModule], list[relay.Function]]
 
 #: Entered around the TE lowering of each distinct function (a tuner's tracing environment, for
 #: instance); the list it yields is filled while lowering and kept as ``Task.traced``.
@@ -102,7 +109,8 @@ def extract_tasks(
     Returns
     -------
     list of Task
-        In upstream's order: the reverse of the post order of first occurrences.
+        In upstream's order: the reverse of the post order of first occurrences in ``main``;
+        then functions only other global functions call, in the order the compiler lowers them.
     """
     settings = PassSettings(opt_level).merged(pass_config, disabled_pass)
     return run_extraction(mod, target, params, settings)
@@ -116,60 +124,62 @@ def run_extraction(
     *,
     environment: Callable[[], AbstractContextManager[Any]] = nullcontext,
     lowering_scope: LoweringScope = _no_tracing,
+    call_order: CallOrder | None = compiler_calls,
 ) -> list[Task]:
     """:func:`extract_tasks` with the tuner-specific parts given as data by an adapter.
 
     ``environment`` is entered around optimisation and lowering (inside the target and
-    PassContext); ``lowering_scope`` around the lowering of each distinct function.
+    PassContext); ``lowering_scope`` around the lowering of each distinct function;
+    ``call_order`` gives the functions a compiler lowers, one per call site, in its order (the
+    tasks' ``calls``; None for a tuner that only walks ``main``).
     """
     module = as_module(mod)
     tgt = as_target(target)
     bound = as_params(params, module)
     with extraction_scope(tgt, settings), environment():
         fused = optimize(module, bound)
-        groups = group_primitive_functions(fused)
+        groups = group_primitive_functions(fused, call_order)
         tasks = _lower_groups(groups, tgt, lowering_scope)
-    tasks.reverse()
-    return tasks
+    in_main = [task for task in tasks if task.visits]
+    return in_main[::-1] + [task for task in tasks if not task.visits]
 
 
-def group_primitive_functions(fused: IRModule) -> list[_Group]:
-    """Primitive functions of ``main`` grouped by compile-cache equality, by first visit."""
-    visited, called = _walk(fused["main"])
+def group_primitive_functions(fused: IRModule, call_order: CallOrder | None) -> list[_Group]:
+    """Primitive functions grouped by compile-cache equality: those of ``main`` by first visit,
+    then those only other global functions call, by first call."""
     groups: list[_Group] = []
     by_hash: dict[int, list[_Group]] = {}
-    position: dict[int, _Group] = {}
-    for index, func in enumerate(visited):
+
+    def group_of(func: relay.Function) -> _Group:
         bucket = by_hash.setdefault(tvm.ir.structural_hash(func), [])
         group = next((g for g in bucket if tvm.ir.structural_equal(g.func, func)), None)
         if group is None:
             group = _Group(func)
             bucket.append(group)
             groups.append(group)
+        return group
+
+    seen: dict[int, _Group] = {}  # by object: the calls are mostly the very functions visited
+    for index, func in enumerate(_post_order(fused["main"])):
+        group = seen[func.handle.value] = group_of(func)
         group.visits.append(index)
-        position[func.handle.value] = group
-    for index, func in enumerate(called):
-        position[func.handle.value].calls.append(index)
+    for index, func in enumerate(call_order(fused) if call_order else ()):
+        group = seen.get(func.handle.value) or group_of(func)
+        group.calls.append(index)
     return groups
 
 
-def _walk(main: relay.Function) -> tuple[list[relay.Function], list[relay.Function]]:
-    """Primitive functions in post order, and the functions called, in evaluation order."""
+def _post_order(main: relay.Function) -> list[relay.Function]:
+    """Primitive functions of ``main`` in post order: the walk upstream's MetaSchedule
+    extraction makes (it looks at ``main`` only)."""
     visited: list[relay.Function] = []
-    called: list[relay.Function] = []
 
     def visit(node: Any) -> None:
-        if isinstance(node, relay.Function) and _is_task(node):
+        if isinstance(node, relay.Function) and is_primitive_task(node):
             visited.append(node)
-        elif (
-            isinstance(node, relay.Call)
-            and isinstance(node.op, relay.Function)
-            and _is_task(node.op)
-        ):
-            called.append(node.op)
 
     relay.analysis.post_order_visit(main, visit)
-    return visited, called
+    return visited
 
 
 def dynamic_shape(func: relay.Function) -> str | None:
@@ -209,14 +219,6 @@ def warn_skipped_dynamic(task: Task, tuner: str) -> bool:
     return True
 
 
-def _is_task(func: relay.Function) -> bool:
-    attrs = func.attrs
-    if attrs is None or "Primitive" not in attrs or not int(attrs["Primitive"]):
-        return False
-    # Functions offloaded to an external compiler (BYOC) are not TVM's to tune.
-    return "Compiler" not in attrs
-
-
 def _lower_groups(groups: list[_Group], target: Target, scope: LoweringScope) -> list[Task]:
     """Lower each group once, in post order, sharing one constant-name supply as upstream does.
 
@@ -236,12 +238,17 @@ def _lower_groups(groups: list[_Group], target: Target, scope: LoweringScope) ->
         with scope() as record:
             result = _lower_one(group.func, target, constant_names)
         lowered[id(group)] = (result, tuple(record))
+    for group in groups:  # called only from other global functions, which main's walk misses
+        if id(group) not in lowered:
+            with scope() as record:
+                result = _lower_one(group.func, target, constant_names)
+            lowered[id(group)] = (result, tuple(record))
     return [
         make_task(
             g.func,
             target,
             lowered[id(g)][0],
-            weight=len(g.visits),
+            weight=len(g.visits) or len(g.calls),
             visits=tuple(g.visits),
             calls=tuple(g.calls),
             traced=lowered[id(g)][1],

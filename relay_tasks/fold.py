@@ -22,7 +22,7 @@ import numpy.typing as npt
 import tvm
 from tvm import relay
 
-from .inputs import with_functions
+from .ir import with_functions
 
 Array = npt.NDArray[Any]
 Evaluator = Callable[[Any, Sequence[Array]], Array | None]

@@ -8,19 +8,18 @@ names the fix instead of deep inside a C++ pass.
 
 from __future__ import annotations
 
-import contextlib
 import platform
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import tvm
 from tvm import relay
 from tvm.ir import IRModule
-from tvm.ir import diagnostics as _diagnostics
 from tvm.target import Target
 
 from .errors import ModelError, TargetError
+from .ir import diagnostic_text, diagnostics, with_functions
 
 ModuleLike = IRModule | relay.Function
 TargetLike = str | Target
@@ -56,15 +55,6 @@ def as_module(mod: Any) -> IRModule:
     return type_check(with_functions(mod, {}))
 
 
-def with_functions(mod: IRModule, updates: Mapping[Any, relay.Function]) -> IRModule:
-    """A new module: ``mod`` with some functions replaced (keyed by GlobalVar or name)."""
-    functions = dict(mod.functions.items())
-    for key, func in updates.items():
-        gvar = mod.get_global_var(key) if isinstance(key, str) else key
-        functions[gvar] = func
-    return IRModule(functions, dict(mod.type_definitions.items()), attrs=mod.attrs)
-
-
 def type_check(mod: IRModule) -> IRModule:
     """Run type inference, turning TVM's rendered diagnostics into one ``ModelError``."""
     with diagnostics() as messages:
@@ -75,30 +65,6 @@ def type_check(mod: IRModule) -> IRModule:
                 f"the module does not type-check: {diagnostic_text(messages, err)}; fix the "
                 "operator shapes/dtypes (relay.transform.InferType()(mod) reproduces this)"
             ) from err
-
-
-@contextlib.contextmanager
-def diagnostics() -> Iterator[list[str]]:
-    """Collect TVM's error diagnostics instead of letting them render to the terminal."""
-    messages: list[str] = []
-
-    def collect(ctx: Any) -> None:
-        messages.extend(str(diag.message).strip() for diag in ctx.diagnostics)
-
-    _diagnostics.override_renderer(collect)
-    try:
-        yield messages
-    finally:
-        _diagnostics.override_renderer(None)
-
-
-def diagnostic_text(messages: list[str], err: BaseException) -> str:
-    """One line from collected diagnostics, or from the error itself when there were none."""
-    detail = "; ".join(dict.fromkeys(m for m in messages if m))
-    if detail:
-        return detail
-    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-    return lines[-1] if lines else type(err).__name__
 
 
 def host_target() -> Target:
@@ -135,15 +101,18 @@ def as_target(target: object) -> Target:
 def as_params(params: object, mod: IRModule) -> dict[str, tvm.nd.NDArray]:
     """Convert params to ``NDArray`` and check that each names a parameter of ``main``.
 
+    Accepts a ``dict`` or the ``tvm.ir.Map`` that ``relay.load_param_dict`` returns.
     Upstream silently ignores params that match no variable, so a typo leaves the weights unbound
     and yields different tasks without a word; here it is an error.
     """
     if params is None:
         return {}
+    if isinstance(params, tvm.ir.container.Map):  # what relay.load_param_dict returns
+        params = dict(params.items())
     if not isinstance(params, Mapping):
         raise ModelError(
-            f"expected params as a dict of name -> numpy array / tvm.nd.NDArray, "
-            f"got {type(params).__name__}"
+            f"expected params as a dict (or tvm.ir.Map) of name -> numpy array / "
+            f"tvm.nd.NDArray, got {type(params).__name__}"
         )
     main = mod["main"]
     var_names = [p.name_hint for p in main.params]

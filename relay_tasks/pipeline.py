@@ -20,7 +20,7 @@ from tvm.target import Target
 
 from .errors import ExtractionError, ModelError, RelayTasksError, describe_failure
 from .fold import FoldConstant
-from .inputs import with_functions
+from .ir import with_functions
 from .simplify import QnnLegalize, SimplifyExpr, SimplifyExprPostAlterOp
 
 

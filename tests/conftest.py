@@ -3,6 +3,9 @@ import sys
 from pathlib import Path
 
 os.environ.setdefault("TOPHUB_LOCATION", "NONE")
+# Hugging Face models are built from configs; nothing may reach a model hub.
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
 sys.path.insert(0, str(Path(__file__).parent))
 
 import relay_tasks  # noqa: F401  (sets up the environment before TVM is imported)

@@ -83,7 +83,7 @@ def test_params_that_match_nothing_name_the_params_and_the_variables() -> None:
 @pytest.mark.parametrize(
     ("params", "match"),
     [
-        ([1, 2], "expected params as a dict of name -> numpy array"),
+        ([1, 2], "expected params as a dict \\(or tvm.ir.Map\\) of name -> numpy array"),
         ({"w1": [1.0, 2.0]}, "param 'w1' is a list; pass a numpy array or tvm.nd.NDArray"),
         ({1: np.zeros(2)}, "param names must be strings, got 1"),
     ],

@@ -224,7 +224,8 @@ def _extract(
         tgt = Target(tgt, as_target(target_host))
     settings = PassSettings(opt_level, PASS_CONFIG, DISABLED_PASSES)
     tasks = run_extraction(mod, tgt, params, settings)
-    in_call_order = sorted(tasks, key=lambda t: t.calls[0] if t.calls else len(tasks) + t.visits[0])
+    # The compiler lowers (and so traces) only functions it calls, in its call order.
+    in_call_order = sorted((t for t in tasks if t.calls), key=lambda t: t.calls[0])
     # The compiler lowers in batches: the model's functions, then the storage-size functions its
     # memory planning adds for dynamic shapes.
     batches = [in_call_order, storage_size_tasks(in_call_order, tgt, settings)]
@@ -310,12 +311,19 @@ def op_weights(batches: Sequence[Sequence[Task]], names: Sequence[str], target: 
         hashes = [
             hash_combine(_structural_hash(_labelled(t.func)), target_hash) or 1 for t in batch
         ]
-        cache = [(names[first + i], batch[i].weight) for i in unordered_map_order(hashes)]
+        cache = [(names[first + i], _uses(batch[i])) for i in unordered_map_order(hashes)]
         report = _map_set(_map_items(_map_set(cache, tvm.IRModule())), report)
         first += len(batch)
     # The map itself: a dict would be copied into a new Map, in pointer-hash order, on its way
     # to the callback.
     return report.attrs._dict() if report.attrs is not None else {}
+
+
+def _uses(task: Task) -> int:
+    """How often the compiler's cache was asked for ``task``: once per call site it lowers (a
+    function inside a global function called twice is lowered once); the storage-size functions
+    carry their count as their weight."""
+    return len(task.calls) or task.weight
 
 
 def _map_set(items: Sequence[tuple[str, int]], holder: tvm.IRModule) -> tvm.IRModule:

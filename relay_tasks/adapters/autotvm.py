@@ -132,9 +132,8 @@ def _extract(
             lowering_scope=lambda: _per_function(env),
         )
         records += [(None, r) for r in before_lowering]
-        in_call_order = sorted(
-            tasks, key=lambda t: t.calls[0] if t.calls else len(tasks) + t.visits[0]
-        )
+        # The compiler lowers (and so traces) only functions it calls, in its call order.
+        in_call_order = sorted((t for t in tasks if t.calls), key=lambda t: t.calls[0])
         records += [(task, record) for task in in_call_order for record in task.traced]
     result: list[tuple[Task | None, autotvm.task.Task]] = []
     seen: set[tuple[str, Any]] = set()

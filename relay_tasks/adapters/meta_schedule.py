@@ -113,7 +113,10 @@ def _extract(
     module = with_executor(as_module(mod))
     tgt = as_target(target)
     settings = PassSettings(opt_level, dict(pass_config), frozenset(disabled_pass or ()))
-    tasks = run_extraction(module, tgt, params, settings, environment=lambda: tophub_scope(tgt))
+    # Upstream walks main only; what a compiler would lower (and in what order) is not asked.
+    tasks = run_extraction(
+        module, tgt, params, settings, environment=lambda: tophub_scope(tgt), call_order=None
+    )
     return to_extracted_tasks(tasks, tgt, settings, module_equality)
 
 

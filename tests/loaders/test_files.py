@@ -1,4 +1,4 @@
-"""Loading models: ONNX, TFLite, Relay text and the zoo, with clear errors for bad files."""
+"""Loading model files: ONNX, TFLite, Relay text and the zoo, with clear errors for bad files."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from tvm import meta_schedule as ms
 from tvm import relay
 
 from relay_tasks import ModelError
-from relay_tasks.load import load_model, parse_shapes
+from relay_tasks.loaders import load_model, parse_shapes
 from relay_tasks.meta_schedule import extract_task_from_relay
 
 from checks import assert_same_extracted_tasks
@@ -129,18 +129,22 @@ def test_missing_file() -> None:
 
 
 @pytest.mark.parametrize(
-    ("text", "shapes"),
+    ("text", "shapes", "dtypes"),
     [
-        ("data:[1,3,224,224]", {"data": [1, 3, 224, 224]}),
-        ("a:[1,2] b:[3]", {"a": [1, 2], "b": [3]}),
-        ("input_ids:[1, 128],mask:[1,128]", {"input_ids": [1, 128], "mask": [1, 128]}),
+        ("data:[1,3,224,224]", {"data": [1, 3, 224, 224]}, {}),
+        ("a:[1,2] b:[3]", {"a": [1, 2], "b": [3]}, {}),
+        ("input_ids:[1, 128],mask:[1,128]", {"input_ids": [1, 128], "mask": [1, 128]}, {}),
+        ("ids:[1,128]:int64 x:[2]", {"ids": [1, 128], "x": [2]}, {"ids": "int64"}),
+        ("x:[2]:float16,y:[]", {"x": [2], "y": []}, {"x": "float16"}),
     ],
 )
-def test_parse_shapes(text: str, shapes: dict) -> None:
-    assert parse_shapes(text) == shapes
+def test_parse_shapes(text: str, shapes: dict, dtypes: dict) -> None:
+    assert parse_shapes(text) == (shapes, dtypes)
 
 
-@pytest.mark.parametrize("text", ["data", "data:[1,x]", "data:[1,2] junk"])
+@pytest.mark.parametrize(
+    "text", ["data", "data:[1,x]", "data:[1,2] junk", "ids:[1,128]:notatype", "ids:[1]:"]
+)
 def test_parse_shapes_rejects(text: str) -> None:
     with pytest.raises(ModelError):
         parse_shapes(text)

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import tvm
 from tvm.ir import IRModule
 
-from .errors import ModelError
+from ..errors import ModelError
 
 DEFAULT_MODEL = "resnet-50"
 

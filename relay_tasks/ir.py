@@ -1,0 +1,68 @@
+"""Small IR helpers every stage shares: rebuilding modules and reading TVM's diagnostics.
+
+Kept apart from the input layer so that the pipeline and the loaders depend on TVM's IR only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from tvm import relay
+from tvm.ir import IRModule
+from tvm.ir import diagnostics as _diagnostics
+
+
+def with_functions(mod: IRModule, updates: Mapping[Any, relay.Function]) -> IRModule:
+    """A new module: ``mod`` with some functions replaced (keyed by GlobalVar or name).
+
+    Built the way TVM's own passes update a module: the function and type-definition ``Map``s
+    are shared with ``mod`` (copied on the first write) and replaced functions keep their
+    places. So the module iterates its functions in upstream's order, which decides the order
+    the VM compiler lowers them in; and the Prelude's type definitions, whose ``GlobalTypeVar``
+    keys cannot be keys of a Python dict, travel untouched.
+    """
+    new = IRModule(mod.functions, mod.type_definitions, mod.attrs, mod.global_infos)
+    for key, func in updates.items():
+        new.update_func(mod.get_global_var(key) if isinstance(key, str) else key, func)
+    return new
+
+
+def copy_module(mod: IRModule) -> IRModule:
+    """A new module object with the same content (TVM passes may rebind into the one given)."""
+    return with_functions(mod, {})
+
+
+def is_primitive_task(func: relay.Function) -> bool:
+    """A primitive function (FuseOps made it) that TVM itself compiles, so a tuner can tune it;
+    functions offloaded to an external compiler (BYOC) are not TVM's to tune."""
+    attrs = func.attrs
+    if attrs is None or "Primitive" not in attrs or not int(attrs["Primitive"]):
+        return False
+    return "Compiler" not in attrs
+
+
+@contextlib.contextmanager
+def diagnostics() -> Iterator[list[str]]:
+    """Collect TVM's error diagnostics instead of letting them render to the terminal."""
+    messages: list[str] = []
+
+    def collect(ctx: Any) -> None:
+        messages.extend(str(diag.message).strip() for diag in ctx.diagnostics)
+
+    _diagnostics.override_renderer(collect)
+    try:
+        yield messages
+    finally:
+        _diagnostics.override_renderer(None)
+
+
+def diagnostic_text(messages: list[str], err: BaseException) -> str:
+    """One line from collected diagnostics (their own line breaks folded), or from the error
+    itself when there were none."""
+    detail = "; ".join(dict.fromkeys(" ".join(m.split()) for m in messages if m.strip()))
+    if detail:
+        return detail
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return lines[-1] if lines else type(err).__name__

@@ -1,0 +1,162 @@
+"""Models in: built-in zoo names, Relay text (+ params), ONNX, TFLite and PyTorch.
+
+One module per format, each a small function from a file or object to ``(IRModule, params)``;
+every failure is a :class:`ModelError` (or a :class:`DependencyError` for a missing optional
+frontend package) that names the file and the cause. Optional packages are imported only by the
+loader that needs them.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from tvm.ir import IRModule
+
+from ..errors import ModelError
+from .frontend import DTypes, Params, Shapes
+from .zoo import MODELS, load_zoo_model
+
+FORMATS = ("zoo", "relay", "onnx", "tflite", "pytorch")
+_SUFFIXES = {
+    ".relay": "relay",
+    ".txt": "relay",
+    ".rly": "relay",
+    ".onnx": "onnx",
+    ".tflite": "tflite",
+    ".pt": "pytorch",
+    ".pth": "pytorch",
+    ".torchscript": "pytorch",
+}
+
+
+def load_model(
+    source: Any,
+    *,
+    params: str | Path | None = None,
+    model_format: str | None = None,
+    shapes: Shapes | None = None,
+    dtypes: DTypes | None = None,
+    example_inputs: Any = None,
+) -> tuple[IRModule, Params]:
+    """Load a model by built-in name, from a file, or from a PyTorch module object.
+
+    Parameters
+    ----------
+    source : str, pathlib.Path, torch.nn.Module or torch.jit.ScriptModule
+        A built-in model name (see :data:`relay_tasks.loaders.zoo.MODELS`), a model file, or a
+        PyTorch module (traced in eval mode without gradients, then converted).
+    params : str or pathlib.Path, optional
+        A params file written by ``relay.save_param_dict``; Relay text models only.
+    model_format : {"zoo", "relay", "onnx", "tflite", "pytorch"}, optional
+        Overrides the format guessed from the file suffix.
+    shapes : dict of str to list of int, optional
+        Input shapes by input name: for inputs with dynamic dimensions, and for every input of a
+        PyTorch model (in input order), as tvmc requires.
+    dtypes : dict of str to str, optional
+        Input dtypes by name where they are not the model's own (PyTorch: not float32).
+    example_inputs : torch.Tensor or tuple of torch.Tensor, optional
+        What a PyTorch module is traced with (instead of zeros of ``shapes``).
+    """
+    if not isinstance(source, (str, Path)):
+        from .pytorch import load_torch_module
+
+        return load_torch_module(source, example_inputs, shapes=shapes, dtypes=dtypes)
+    text = str(source)
+    kind = model_format or _guess_format(text)
+    if kind not in FORMATS:
+        raise ModelError(f"unknown model format {kind!r}; choose one of {', '.join(FORMATS)}")
+    if params is not None and kind != "relay":
+        raise ModelError(f"{text}: --params applies to Relay text models only; drop it")
+    if example_inputs is not None and kind != "pytorch":
+        raise ModelError(f"{text}: example_inputs apply to PyTorch models only")
+    if kind == "zoo":
+        if shapes or dtypes:
+            raise ModelError(f"built-in model {text!r} has fixed input shapes; drop --input-shapes")
+        return load_zoo_model(text)
+    path = Path(text)
+    if not path.is_file():
+        raise ModelError(f"{text}: no such file")
+    return _load_file(kind, path, params, shapes, dtypes)
+
+
+def _load_file(
+    kind: str, path: Path, params: str | Path | None, shapes: Shapes | None, dtypes: DTypes | None
+) -> tuple[IRModule, Params]:
+    if kind == "relay":
+        from .relay_text import load_params, load_relay_text
+
+        if shapes or dtypes:
+            raise ModelError(
+                f"{path}: a Relay text model has fixed input types; drop --input-shapes"
+            )
+        mod = load_relay_text(path)
+        return mod, load_params(Path(params)) if params is not None else {}
+    if kind == "onnx":
+        from .onnx import load_onnx
+
+        return load_onnx(path, shapes, dtypes)
+    if kind == "tflite":
+        from .tflite import load_tflite
+
+        return load_tflite(path, shapes, dtypes)
+    from .pytorch import load_torchscript
+
+    return load_torchscript(path, shapes, dtypes)
+
+
+def _guess_format(text: str) -> str:
+    if text in MODELS and not Path(text).exists():
+        return "zoo"
+    suffix = Path(text).suffix.lower()
+    if suffix in _SUFFIXES:
+        return _SUFFIXES[suffix]
+    if not Path(text).exists():
+        raise ModelError(
+            f"{text}: no such file, and not a built-in model (built-ins: {', '.join(MODELS)})"
+        )
+    known = ", ".join(sorted(_SUFFIXES))
+    raise ModelError(
+        f"{text}: cannot tell the model format from the suffix {suffix or '(none)'!r} "
+        f"(known: {known}); name it with --model-format {'|'.join(FORMATS[1:])}"
+    )
+
+
+_SPEC = re.compile(r"([^\s,:\[\]]+):\[([^\]]*)\](?::([A-Za-z][A-Za-z0-9_]*))?")
+
+
+def parse_shapes(text: str) -> tuple[dict[str, list[int]], dict[str, str]]:
+    """tvmc's ``--input-shapes`` spelling, plus an optional dtype after a shape:
+    ``"data:[1,3,224,224] input_ids:[1,128]:int64"`` -> (shapes, dtypes)."""
+    shapes: dict[str, list[int]] = {}
+    dtypes: dict[str, str] = {}
+    for name, dims, dtype in _SPEC.findall(text):
+        try:
+            shapes[name] = [int(d) for d in dims.split(",") if d.strip()]
+        except ValueError:
+            raise ModelError(f"input shape for {name!r} must be integers, got [{dims}]") from None
+        if dtype:
+            dtypes[name] = _checked_dtype(name, dtype)
+    leftover = _SPEC.sub("", text).strip(" ,")
+    if leftover or not shapes:
+        raise ModelError(
+            f"cannot read input shapes {text!r}; write them as name:[d0,d1,...] with an "
+            "optional :dtype, e.g. --input-shapes 'data:[1,3,224,224] ids:[1,128]:int64'"
+        )
+    return shapes, dtypes
+
+
+def _checked_dtype(name: str, dtype: str) -> str:
+    import tvm
+
+    try:
+        tvm.DataType(dtype)
+    except (ValueError, tvm.TVMError):
+        raise ModelError(
+            f"input {name!r}: unknown dtype {dtype!r}; use e.g. float32, float16, int64, int32"
+        ) from None
+    return dtype
+
+
+__all__ = ["FORMATS", "load_model", "parse_shapes"]

@@ -1,0 +1,59 @@
+"""What every file loader shares: the result type, input specs, and one way to report a failed
+conversion by one of TVM's frontends."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import tvm
+from tvm.ir import IRModule
+
+from ..errors import ModelError
+from ..ir import diagnostic_text, diagnostics
+
+Params = dict[str, tvm.nd.NDArray]
+Shapes = Mapping[str, Sequence[int]]
+DTypes = Mapping[str, str]
+
+
+def convert(
+    source: str | Path,
+    frontend: str,
+    run: Callable[[], tuple[IRModule, Any]],
+    *,
+    unsupported_hint: str = "",
+    failed_hint: str = "",
+) -> tuple[IRModule, Params]:
+    """Run a frontend converter; any failure becomes one ``ModelError`` naming the source, the
+    cause and what the user can change (the hint for an op the frontend cannot convert, or for
+    any other failure, appended).
+
+    Frontends type-check what they build; where that fails, TVM reports through diagnostics and
+    raises a generic "error diagnostics were emitted", so the diagnostics are what is shown.
+    """
+    with diagnostics() as messages:
+        try:
+            mod, params = run()
+        except (tvm.error.OpNotImplemented, NotImplementedError) as err:
+            raise ModelError(
+                f"{source}: TVM's {frontend} frontend cannot convert it: "
+                f"{diagnostic_text(messages, err)}{unsupported_hint}"
+            ) from err
+        except Exception as err:
+            raise ModelError(
+                f"{source}: TVM's {frontend} frontend failed: {diagnostic_text(messages, err)}"
+                f"{failed_hint}"
+            ) from err
+    return mod, dict(params.items())
+
+
+def unknown_inputs(source: str | Path, given: Sequence[str], names: Sequence[str]) -> None:
+    """Reject input shapes for names the model has no input of."""
+    unknown = sorted(set(given) - set(names))
+    if unknown:
+        raise ModelError(
+            f"{source}: no input named {', '.join(unknown)}; "
+            f"the inputs are {', '.join(names) or '(none)'}"
+        )

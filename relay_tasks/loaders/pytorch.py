@@ -1,0 +1,199 @@
+"""PyTorch models: TorchScript files, and ``torch.nn.Module`` / ``ScriptModule`` objects.
+
+TVM's PyTorch frontend converts TorchScript graphs. A module object is traced here (eval mode,
+no grad) from example inputs, or from zero tensors of the shapes given. ``torch`` is imported
+only when a PyTorch model is loaded: it is an optional extra (``relay-tasks[torch]``), pinned to
+the 2.2 line whose traced ops TVM 0.16's frontend maps.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import zipfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tvm import relay
+from tvm.ir import IRModule
+
+from ..errors import DependencyError, ModelError, describe_failure
+from .frontend import DTypes, Params, Shapes, convert
+
+SUFFIXES = (".pt", ".pth", ".torchscript")
+#: How to get a model from any torch version in: the frontend-neutral exchange format.
+ONNX_WAY_IN = (
+    "export it with torch.onnx.export(model, example_inputs, 'model.onnx') and load the .onnx"
+)
+
+
+def import_torch() -> Any:
+    """``torch``, or one ``DependencyError`` naming the extra that installs it."""
+    try:
+        import torch
+    except ImportError as err:
+        raise DependencyError(
+            "PyTorch models need torch: pip install 'relay-tasks[torch]' (torch 2.2.2, "
+            f"torchvision 0.17.2, transformers 4.44.2); or {ONNX_WAY_IN}"
+        ) from err
+    return torch
+
+
+def load_torchscript(
+    path: Path, shapes: Shapes | None = None, dtypes: DTypes | None = None
+) -> tuple[IRModule, Params]:
+    """Convert a TorchScript file (``torch.jit.save``); ``shapes`` are required, in input order.
+
+    A ``torch.save`` checkpoint is a pickle, and unpickling runs code, so it is refused before
+    torch ever reads it.
+    """
+    _check_archive(path)
+    torch = import_torch()
+    try:
+        script = torch.jit.load(str(path), map_location="cpu")
+    except Exception as err:
+        raise ModelError(f"{path}: cannot load the TorchScript file: {_load_failure(err)}") from err
+    return convert_script_module(script, shapes, dtypes, source=path)
+
+
+def _check_archive(path: Path) -> None:
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+    except (OSError, zipfile.BadZipFile) as err:
+        raise ModelError(
+            f"{path}: not a TorchScript file (not a zip archive: {err}); save the model with "
+            f"torch.jit.trace(model, example_inputs).save(path), or {ONNX_WAY_IN}"
+        ) from err
+    if not any("/code/" in name or name.endswith("/constants.pkl") for name in names):
+        raise ModelError(
+            f"{path}: a torch.save checkpoint, not TorchScript (relay-tasks does not unpickle "
+            "model files: unpickling runs code); save the model with "
+            f"torch.jit.trace(model, example_inputs).save(path), or {ONNX_WAY_IN}"
+        )
+
+
+_NEWER_FORMAT = re.compile(r"version (\d+), but the maximum supported version for reading is (\d+)")
+
+
+def _load_failure(err: BaseException) -> str:
+    found = _NEWER_FORMAT.search(str(err))
+    if found is None:
+        return describe_failure(err)
+    import torch
+
+    return (
+        f"it was saved by a newer PyTorch (file format {found[1]}; torch {torch.__version__}, "
+        f"the version TVM's frontend needs, reads up to {found[2]}); {ONNX_WAY_IN}"
+    )
+
+
+def load_torch_module(
+    module: Any,
+    example_inputs: Any = None,
+    *,
+    shapes: Shapes | None = None,
+    dtypes: DTypes | None = None,
+) -> tuple[IRModule, Params]:
+    """Trace a ``torch.nn.Module`` (or take a ``ScriptModule`` as it is) and convert it.
+
+    A module is traced from ``example_inputs`` (a tensor or a tuple of tensors), or from zero
+    tensors of ``shapes`` (and ``dtypes``, float32 by default); Relay inputs are named after the
+    parameters of its ``forward`` unless ``shapes`` names them.
+    """
+    torch = import_torch()
+    if isinstance(module, torch.jit.ScriptModule):
+        if example_inputs is not None and shapes is None:
+            shapes, dtypes = _specs_of(_input_names(module, len(_as_tuple(example_inputs))),
+                                       _as_tuple(example_inputs))  # fmt: skip
+        return convert_script_module(module, shapes, dtypes, source=type(module).__name__)
+    if not isinstance(module, torch.nn.Module):
+        raise ModelError(
+            f"expected a torch.nn.Module or torch.jit.ScriptModule, got {type(module).__name__}"
+        )
+    if example_inputs is None:
+        if not shapes:
+            raise ModelError(
+                f"tracing {type(module).__name__} needs example_inputs or input shapes "
+                "(shapes={'input': [1, 3, 224, 224]}, and dtypes for inputs that are not float32)"
+            )
+        example_inputs = tuple(
+            torch.zeros(tuple(shape), dtype=getattr(torch, (dtypes or {}).get(name, "float32")))
+            for name, shape in shapes.items()
+        )
+    examples = _as_tuple(example_inputs)
+    if shapes is None:
+        shapes, dtypes = _specs_of(_forward_names(module, len(examples)), examples)
+    was_training = module.training
+    module.eval()
+    try:
+        with torch.no_grad():
+            traced = torch.jit.trace(module, examples)
+    except Exception as err:
+        raise ModelError(
+            f"cannot trace {type(module).__name__}: {describe_failure(err)} (build Hugging Face "
+            "models with torchscript=True in their config, so that they return tuples)"
+        ) from err
+    finally:
+        module.train(was_training)
+    return convert_script_module(traced, shapes, dtypes, source=type(module).__name__)
+
+
+def convert_script_module(
+    script: Any, shapes: Shapes | None, dtypes: DTypes | None, *, source: str | Path
+) -> tuple[IRModule, Params]:
+    """Convert a TorchScript module with TVM's PyTorch frontend."""
+    expected = _input_names(script)
+    if not shapes:
+        wanted = " ".join(f"{name}:[...]" for name in expected)
+        raise ModelError(
+            f"{source}: PyTorch models need input shapes, in input order; "
+            f"give --input-shapes '{wanted}' (add :int64 after a shape for token ids)"
+        )
+    if len(shapes) != len(expected):
+        raise ModelError(
+            f"{source}: the model takes {len(expected)} input(s) ({', '.join(expected)}), "
+            f"--input-shapes gives {len(shapes)} ({', '.join(shapes)}); give one shape per input, "
+            "in input order"
+        )
+    unknown = sorted(set(dtypes or {}) - set(shapes))
+    if unknown:
+        raise ModelError(f"{source}: a dtype for {', '.join(unknown)}, which has no input shape")
+    infos = [
+        (name, (list(shape), (dtypes or {}).get(name, "float32"))) for name, shape in shapes.items()
+    ]
+    given = " ".join(f"{name}:{list(shape)}" for name, shape in shapes.items())
+    return convert(
+        source,
+        "PyTorch",
+        lambda: relay.frontend.from_pytorch(script, infos),
+        unsupported_hint=f"; replace the op, or {ONNX_WAY_IN}",
+        failed_hint=f" (input shapes given: {given}; check them and their dtypes)",
+    )
+
+
+def _input_names(script: Any, count: int | None = None) -> list[str]:
+    """The graph's input names (without ``self``), as TorchScript spells them (``x.1`` -> x)."""
+    names = [value.debugName().split(".")[0] for value in list(script.graph.inputs())[1:]]
+    return names if count is None else names[:count]
+
+
+def _forward_names(module: Any, count: int) -> list[str]:
+    try:
+        parameters = list(inspect.signature(module.forward).parameters)
+    except (TypeError, ValueError):
+        parameters = []
+    names = parameters[:count]
+    return names + [f"input{i}" for i in range(len(names), count)]
+
+
+def _as_tuple(example_inputs: Any) -> tuple[Any, ...]:
+    return tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+
+
+def _specs_of(names: Sequence[str], examples: Sequence[Any]) -> tuple[Shapes, DTypes]:
+    pairs = list(zip(names, examples, strict=True))
+    shapes = {name: list(t.shape) for name, t in pairs}
+    dtypes = {name: str(t.dtype).removeprefix("torch.") for name, t in pairs}
+    return shapes, dtypes
