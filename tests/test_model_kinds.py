@@ -207,6 +207,15 @@ def test_ansor_on_dynamic_shapes_equals_upstream(model, target: str, simple: boo
     assert any(desc.startswith("vm_mod_fused_prod") for _, desc, _ in tasks)
 
 
+@pytest.mark.parametrize("target", [X86, CUDA])
+def test_ansor_keeps_a_function_that_reads_only_a_dynamic_inputs_shape(target: str) -> None:
+    """shape_of of a (?, 28, 28) input: its compute reads no tensor, only the shape, and its
+    output is static, so upstream's Ansor extraction (and its own test) makes a task of it."""
+    mod = _module(relay.shape_of(relay.var("data", shape=(relay.Any(), 28, 28))))
+    tasks = assert_ansor_matches(mod, {}, target, True)
+    assert [desc for _, desc, _ in tasks] == ["vm_mod_fused_shape_of"]
+
+
 def _conv2d_1x1_nhwc(data_shape: tuple, kernel_shape: tuple, kernel_layout: str) -> Model:
     data, w = relay.var("data", shape=data_shape), relay.var("w", shape=kernel_shape)
     channels = kernel_shape[kernel_layout.index("O")]

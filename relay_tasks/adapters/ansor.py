@@ -237,8 +237,13 @@ def _extract(
     env = TracingEnvironment(mode)
     with _tracing(env, tgt):
         for name, task in zip(names, lowered, strict=True):
-            if not warn_skipped_dynamic(task, "Ansor"):
-                upstream.auto_schedule_topi(name, _schedulable_outputs(task))
+            outputs = _schedulable_outputs(task)
+            # Upstream's own rule: a task needs static shapes on the tensors its compute reads
+            # and writes (a shape_of reads no tensor, so a dynamic input does not count).
+            if upstream.traverse_to_get_io_tensors(outputs)[0]:
+                upstream.auto_schedule_topi(name, outputs)
+            else:
+                warn_skipped_dynamic(task, "Ansor")
         upstream.te_compiler_update_weights(op_weights(batches, names, tgt))
     by_name = dict(zip(names, lowered, strict=True))
     result = []
