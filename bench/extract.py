@@ -6,6 +6,10 @@ counts, whether the task lists are equal, and the ratio upstream/ours.
 
     python bench/extract.py                         # ResNet-50, x86 and CUDA, all three tuners
     python bench/extract.py --models resnet-18 mobilenet vgg-16 --targets x86 --repeat 3
+    python bench/extract.py --models resnet18.pt --input-shapes 'input0:[1,3,224,224]'
+
+A model is a built-in name or a model file (anything ``relay-tasks extract`` reads; loading is
+not timed). ``--input-shapes`` applies to every file model, as in the CLI.
 
 Upstream's AutoTVM and Ansor extraction cannot compile for CUDA on this TVM build (see
 tests/cuda_schedules.py): their CUDA rows show upstream's (partial) result, marked unequal.
@@ -20,6 +24,7 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 TARGETS = {
@@ -29,16 +34,17 @@ TARGETS = {
 TUNERS = ("meta_schedule", "autotvm", "ansor")
 
 
-def _measure(side: str, tuner: str, model: str, target: str) -> dict[str, Any]:
+def _measure(side: str, tuner: str, model: str, target: str, shapes: str) -> dict[str, Any]:
     """Runs inside the worker process: one extraction, timed, summarised."""
     import resource
 
     import tvm
 
-    import relay_tasks  # noqa: F401  (environment: no TopHub download)
-    from relay_tasks.loaders.zoo import load_zoo_model
+    import relay_tasks  # (importing it also sets the environment: no TopHub download)
+    from relay_tasks.loaders import parse_shapes
 
-    mod, params = load_zoo_model(model)
+    given, dtypes = parse_shapes(shapes) if shapes else (None, None)
+    mod, params = relay_tasks.load_model(model, shapes=given, dtypes=dtypes)
     tgt = tvm.target.Target(target)
     started = time.perf_counter()
     rows = _extract(side, tuner, mod, tgt, params)
@@ -92,8 +98,8 @@ def _extract(side: str, tuner: str, mod: Any, target: Any, params: Any) -> list[
     return [[t.workload_key, t.desc, int(w)] for t, w in zip(searches, weights, strict=True)]
 
 
-def _run_worker(side: str, tuner: str, model: str, target: str) -> dict[str, Any]:
-    cmd = [sys.executable, __file__, "--worker", side, tuner, model, target]
+def _run_worker(side: str, tuner: str, model: str, target: str, shapes: str) -> dict[str, Any]:
+    cmd = [sys.executable, __file__, "--worker", side, tuner, model, target, shapes]
     # A fixed hash seed: Ansor joins task names from a set, whose order follows string hashes.
     env = {**os.environ, "PYTHONHASHSEED": "0"}
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -109,14 +115,15 @@ def main() -> int:
     parser.add_argument("--targets", nargs="+", choices=list(TARGETS), default=["x86", "cuda"])
     parser.add_argument("--tuners", nargs="+", choices=TUNERS, default=list(TUNERS))
     parser.add_argument("--repeat", type=int, default=1, help="runs per side; medians reported")
-    parser.add_argument("--worker", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument("--input-shapes", default="", help="for model files, as in the CLI")
+    parser.add_argument("--worker", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         print(json.dumps(_measure(*args.worker)))
         return 0
 
     header = (
-        f"{'tuner':<14}{'model':<12}{'target':<7}{'upstream s':>11}{'ours s':>9}{'ratio':>8}"
+        f"{'tuner':<14}{'model':<22}{'target':<7}{'upstream s':>11}{'ours s':>9}{'ratio':>8}"
         f"{'tasks up/ours':>15}{'equal':>7}{'RSS MiB up/ours':>17}"
     )
     print(header)
@@ -124,18 +131,18 @@ def main() -> int:
     for tuner in args.tuners:
         for model in args.models:
             for tname in args.targets:
-                print(_row(tuner, model, tname, args.repeat), flush=True)
+                print(_row(tuner, model, tname, args.repeat, args.input_shapes), flush=True)
     return 0
 
 
-def _row(tuner: str, model: str, tname: str, repeat: int) -> str:
+def _row(tuner: str, model: str, tname: str, repeat: int, shapes: str) -> str:
     runs: dict[str, list[dict[str, Any]]] = {"upstream": [], "ours": []}
     for _ in range(repeat):
         for side in runs:
-            runs[side].append(_run_worker(side, tuner, model, TARGETS[tname]))
+            runs[side].append(_run_worker(side, tuner, model, TARGETS[tname], shapes))
     errors = [r["error"] for side in runs.values() for r in side if "error" in r]
     if errors:
-        return f"{tuner:<14}{model:<12}{tname:<7}  failed: {errors[0]}"
+        return f"{tuner:<14}{Path(model).name:<22}{tname:<7}  failed: {errors[0]}"
     up, ours = runs["upstream"], runs["ours"]
     t_up = statistics.median(r["seconds"] for r in up)
     t_ours = statistics.median(r["seconds"] for r in ours)
@@ -144,7 +151,8 @@ def _row(tuner: str, model: str, tname: str, repeat: int) -> str:
     rss_ours = max(r["rss_mib"] for r in ours)
     counts = f"{len(up[0]['rows'])}/{len(ours[0]['rows'])}"
     return (
-        f"{tuner:<14}{model:<12}{tname:<7}{t_up:>11.2f}{t_ours:>9.2f}{t_up / t_ours:>7.1f}x"
+        f"{tuner:<14}{Path(model).name:<22}{tname:<7}"
+        f"{t_up:>11.2f}{t_ours:>9.2f}{t_up / t_ours:>7.1f}x"
         f"{counts:>15}{'yes' if equal else 'NO':>7}{f'{rss_up:.0f}/{rss_ours:.0f}':>17}"
     )
 
