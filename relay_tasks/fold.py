@@ -95,12 +95,27 @@ def _pad(attrs: Any, args: Sequence[Array]) -> Array | None:
 
 def _cast(attrs: Any, args: Sequence[Array]) -> Array | None:
     (x,) = args
-    # Float-to-float conversions round to nearest even in both numpy and LLVM. Conversions with
-    # integers have target-specific overflow behaviour, and TVM's float64 -> float16 is not
-    # numpy's (it turns 1.0 into 0 on this build), so TVM does those.
-    if (str(x.dtype), str(attrs.dtype)) in _EXACT_CASTS:
-        return x.astype(str(attrs.dtype))
+    return _exact_cast(x, str(attrs.dtype))
+
+
+def _exact_cast(x: Array, dtype: str) -> Array | None:
+    """``x`` converted as TVM converts it, where numpy provably does the same; else None.
+
+    Float-to-float conversions round to nearest even in both numpy and LLVM; integers wrap to
+    narrower integers (LLVM's trunc) and round to nearest into float32/float64 (sitofp/uitofp).
+    Float-to-integer overflow is target-specific, an integer reaches float16 through a double
+    rounding in numpy, and TVM's float64 -> float16 is not numpy's (it turns 1.0 into 0 on this
+    build), so TVM does those.
+    """
+    src = str(x.dtype)
+    if (src, dtype) in _EXACT_CASTS:
+        return x.astype(dtype)
+    if src in _INTEGERS and (dtype in _INTEGERS or dtype in ("float32", "float64")):
+        return x.astype(dtype)
     return None
+
+
+_INTEGERS = frozenset({"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"})
 
 
 _EXACT_CASTS = frozenset(
@@ -152,6 +167,58 @@ def _batch_flatten(attrs: Any, args: Sequence[Array]) -> Array:
     return x.reshape(x.shape[0], -1)
 
 
+def _broadcast_to(attrs: Any, args: Sequence[Array]) -> Array:
+    (x,) = args
+    return np.broadcast_to(x, tuple(int(d) for d in attrs.shape))
+
+
+def _full(attrs: Any, args: Sequence[Array]) -> Array | None:
+    (fill,) = args
+    dtype = str(attrs.dtype) or str(fill.dtype)  # no dtype: the fill value's
+    value = _exact_cast(fill, dtype) if fill.ndim == 0 else None
+    if value is None:
+        return None
+    return np.full(tuple(int(d) for d in attrs.shape), value, dtype=value.dtype)
+
+
+def _take(attrs: Any, args: Sequence[Array]) -> Array | None:
+    """``take`` in its default ``clip`` mode: out-of-range indices (negative ones too) clamp to
+    the axis, as numpy's clip mode does."""
+    data, indices = args
+    if str(attrs.mode) != "clip" or int(attrs.batch_dims) != 0 or indices.dtype.kind not in "iu":
+        return None
+    axis = None if attrs.axis is None else int(attrs.axis)
+    return np.take(data, indices, axis=axis, mode="clip")
+
+
+def _where(attrs: Any, args: Sequence[Array]) -> Array:
+    condition, x, y = args
+    return np.where(condition != 0, x, y)
+
+
+def _repeat(attrs: Any, args: Sequence[Array]) -> Array:
+    (x,) = args
+    return np.repeat(x, int(attrs.repeats), axis=int(attrs.axis))
+
+
+def _strided_slice(attrs: Any, args: Sequence[Array]) -> Array | None:
+    """Relay's ``strided_slice`` for positive strides, where its begin/end rules (negative
+    indices count from the end, then both clamp to the axis) are Python's slice rules."""
+    (x,) = args
+    if str(attrs.slice_mode) != "end" or attrs.begin is None or attrs.end is None:
+        return None
+    begin, end = [int(b) for b in attrs.begin], [int(e) for e in attrs.end]
+    strides = [int(s) for s in attrs.strides] if attrs.strides else []
+    axes = [int(a) for a in attrs.axes] if attrs.axes is not None else list(range(len(begin)))
+    strides += [1] * (len(axes) - len(strides))  # axes without a stride step by 1
+    if not (len(begin) == len(end) == len(strides) == len(axes)) or min(strides, default=1) < 1:
+        return None
+    index = [slice(None)] * x.ndim
+    for axis, start, stop, step in zip(axes, begin, end, strides, strict=True):
+        index[axis] = slice(start, stop, step)
+    return x[tuple(index)]
+
+
 EVALUATORS: dict[str, Evaluator] = {
     "add": _arith(np.add),
     "subtract": _arith(np.subtract),
@@ -166,6 +233,12 @@ EVALUATORS: dict[str, Evaluator] = {
     "reshape": _reshape_like_type,
     "copy": lambda attrs, args: args[0].copy(),
     "nn.batch_flatten": _batch_flatten,
+    "broadcast_to": _broadcast_to,
+    "full": _full,
+    "strided_slice": _strided_slice,
+    "repeat": _repeat,
+    "take": _take,
+    "where": _where,
     "concatenate": _concatenate,
     "nn.pad": _pad,
     "cast": _cast,

@@ -110,17 +110,21 @@ def while_loop() -> Model:
     return _with_main(tvm.IRModule(), out, [data, *variables.values()]), params
 
 
+def _pooling_heads(flag: relay.Expr, features: relay.Expr) -> relay.Expr:
+    """``If`` ``flag``: a 2x2 max-pool, else a 2x2 avg-pool."""
+    return relay.If(
+        flag,
+        relay.nn.max_pool2d(features, pool_size=(2, 2), strides=(2, 2)),
+        relay.nn.avg_pool2d(features, pool_size=(2, 2), strides=(2, 2)),
+    )
+
+
 def if_then_else() -> Model:
     """An ``If`` on a scalar input chooses between a max-pool and an avg-pool head."""
     variables, params = _weights(w=(8, 3, 3, 3))
     data = relay.var("data", shape=(1, 3, 16, 16))
     flag = relay.var("flag", shape=(), dtype="bool")
-    features = _conv_relu(data, variables["w"])
-    branch = relay.If(
-        flag,
-        relay.nn.max_pool2d(features, pool_size=(2, 2), strides=(2, 2)),
-        relay.nn.avg_pool2d(features, pool_size=(2, 2), strides=(2, 2)),
-    )
+    branch = _pooling_heads(flag, _conv_relu(data, variables["w"]))
     return _with_main(tvm.IRModule(), relay.exp(branch), [data, flag, *variables.values()]), params
 
 
@@ -129,12 +133,7 @@ def control_flow() -> Model:
     variables, params = _weights(w=(8, 3, 3, 3), wd=(128, 128))
     data = relay.var("data", shape=(1, 3, 8, 8))
     flag = relay.var("flag", shape=(), dtype="bool")
-    features = _conv_relu(data, variables["w"])
-    pooled = relay.If(
-        flag,
-        relay.nn.max_pool2d(features, pool_size=(2, 2), strides=(2, 2)),
-        relay.nn.avg_pool2d(features, pool_size=(2, 2), strides=(2, 2)),
-    )
+    pooled = _pooling_heads(flag, _conv_relu(data, variables["w"]))
     i, h = relay.var("i", shape=(), dtype="int32"), relay.var("h", shape=(1, 128))
     loop = loops.while_loop(
         lambda i, h: relay.less(i, relay.const(2, "int32")),

@@ -215,6 +215,124 @@ def test_winograd_weight_transform(tile: int, kernel: int) -> None:
         assert _check(call, [w]) is not None
 
 
+_INTS = ["int8", "int32", "int64", "uint8"]
+
+
+def _ints(dtype: str, shape: tuple[int, ...]) -> st.SearchStrategy[np.ndarray]:
+    info = np.iinfo(dtype)
+    return hnp.arrays(dtype, shape, elements=st.integers(int(info.min), int(info.max)))
+
+
+@FOLD
+@given(
+    src=st.sampled_from(_INTS), dst=st.sampled_from([*_INTS, "float32", "float64"]), data=st.data()
+)
+def test_integer_casts(src, dst, data) -> None:
+    """Integers wrap into narrower integers and round to nearest into floats, extremes too."""
+    x = data.draw(_ints(src, (3, 5)))
+    assert _check(relay.cast(_const(x), dst), [x]) is not None
+
+
+@FOLD
+@given(
+    data=st.data(), shapes=hnp.mutually_broadcastable_shapes(num_shapes=1, max_dims=4, max_side=4)
+)
+def test_broadcast_to(data, shapes) -> None:
+    (shape,) = shapes.input_shapes
+    x = data.draw(_floats("float32", shape))
+    call = relay.broadcast_to(_const(x), shapes.result_shape)
+    assert _check(call, [x]) is not None
+
+
+@FOLD
+@given(
+    fill=st.sampled_from(
+        [np.float32(1.5), np.float32(-0.0), np.int64(-7), np.int32(2**31 - 1), np.float64(0.1)]
+    ),
+    dtype=st.sampled_from([None, "float32", "int32", "int64", "float64"]),
+    shape=hnp.array_shapes(min_dims=0, max_dims=3, max_side=4),
+)
+def test_full(fill, dtype, shape) -> None:
+    value = np.asarray(fill)
+    call = relay.full(_const(value), shape, dtype or "")
+    ours = _check(call, [value])
+    # A fill reaching its dtype through a float-to-integer conversion is TVM's to do.
+    assert (ours is None) == (value.dtype.kind == "f" and dtype in ("int32", "int64"))
+
+
+@FOLD
+@given(
+    x=_floats("float32", (4, 5, 6)),
+    begin=st.lists(st.integers(-8, 8), min_size=1, max_size=3),
+    end=st.lists(st.integers(-8, 2**31), min_size=1, max_size=3),
+    strides=st.sampled_from([None, [1], [2], [2, 3], [1, 2, 3], [-1]]),
+    data=st.data(),
+)
+def test_strided_slice(x, begin, end, strides, data) -> None:
+    rank = min(len(begin), len(end))
+    axes = data.draw(st.sampled_from([None, [2, 0, 1][:rank], list(range(rank))]))
+    if strides is not None:
+        strides = strides[:rank]
+    call = relay.strided_slice(_const(x), begin[:rank], end[:rank], strides, axes)
+    try:
+        relay.transform.InferTypeLocal(call)
+    except tvm.TVMError:
+        return  # an empty or invalid slice: Relay rejects it before any folding
+    ours = _check(call, [x])
+    assert (ours is None) == (strides == [-1])
+
+
+@pytest.mark.parametrize(
+    ("begin", "end", "strides", "axes"),
+    [
+        ([0, 0, 0], [2, 3, 4], None, None),
+        ([-3], [-1], None, None),
+        ([1, -5], [2**31 - 1, 4], [1, 2], None),
+        ([0], [9223372036854775807], [2], [2]),  # int64 max: "to the end", as frontends write
+        ([-100, 1], [3, 100], [3, 1], [1, 0]),
+        ([1, 1, 1], [4, 5, 6], [3, 2, 5], None),
+        ([0, 0], [0, -1], [2], None),  # one stride for two axes: the second steps by 1
+    ],
+)
+def test_strided_slice_cases(begin, end, strides, axes) -> None:
+    x = np.arange(120, dtype="float32").reshape(4, 5, 6)
+    call = relay.strided_slice(_const(x), begin, end, strides, axes)
+    assert _check(call, [x]) is not None
+
+
+@FOLD
+@given(x=_floats("float32", (2, 3)), repeats=st.integers(1, 3), axis=st.integers(-2, 1))
+def test_repeat(x, repeats, axis) -> None:
+    assert _check(relay.repeat(_const(x), repeats, axis), [x]) is not None
+
+
+@FOLD
+@given(
+    x=_floats("float32", (4, 3)),
+    indices=hnp.arrays("int32", (2, 2), elements=st.integers(-6, 6)),
+    axis=st.sampled_from([None, 0, 1, -1]),
+    mode=st.sampled_from(["clip", "wrap", "fast"]),
+)
+def test_take(x, indices, axis, mode) -> None:
+    if mode == "fast":
+        indices = np.clip(indices, 0, 2)  # fast mode reads out of bounds otherwise
+    call = relay.take(_const(x), _const(indices), axis, mode=mode)
+    ours = _check(call, [x, indices])
+    assert (ours is None) == (mode != "clip")
+
+
+@FOLD
+@given(
+    condition=_floats("float32", (3, 1)).filter(lambda a: not np.isnan(a).any()),
+    x=_floats("float32", (3, 4)),
+    y=_floats("float32", (1, 4)),
+)
+def test_where(condition, x, y) -> None:
+    assert (
+        _check(relay.where(_const(condition), _const(x), _const(y)), [condition, x, y]) is not None
+    )
+
+
 def test_every_evaluator_is_exercised_here() -> None:
     tested = {
         "add",
@@ -235,6 +353,12 @@ def test_every_evaluator_is_exercised_here() -> None:
         "nn.contrib_conv2d_winograd_weight_transform",
         "copy",
         "nn.batch_flatten",
+        "broadcast_to",
+        "full",
+        "strided_slice",
+        "repeat",
+        "take",
+        "where",
     }
     assert set(EVALUATORS) <= tested, set(EVALUATORS) - tested
 
