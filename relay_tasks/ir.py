@@ -29,11 +29,6 @@ def with_functions(mod: IRModule, updates: Mapping[Any, relay.Function]) -> IRMo
     return new
 
 
-def copy_module(mod: IRModule) -> IRModule:
-    """A new module object with the same content (TVM passes may rebind into the one given)."""
-    return with_functions(mod, {})
-
-
 def is_primitive_task(func: relay.Function) -> bool:
     """A primitive function (FuseOps made it) that TVM itself compiles, so a tuner can tune it;
     functions offloaded to an external compiler (BYOC) are not TVM's to tune."""

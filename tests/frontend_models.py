@@ -112,7 +112,7 @@ def _converted(name: str) -> Model:
 
 def load(name: str) -> Model:
     """A frontend model converted to Relay, as a private copy (upstream binds params into it)."""
-    from relay_tasks.ir import copy_module
+    from zoo import copy_module
 
     mod, params = _converted(name)
     return copy_module(mod), params

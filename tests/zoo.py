@@ -11,7 +11,7 @@ import functools
 import pytest
 import tvm
 
-from relay_tasks.ir import copy_module
+from relay_tasks.ir import with_functions
 from relay_tasks.loaders.zoo import load_zoo_model
 
 from small_graphs import SMALL_GRAPHS
@@ -63,3 +63,8 @@ def load(name: str) -> tuple[tvm.IRModule, dict[str, tvm.nd.NDArray]]:
     """A private copy of a zoo model: upstream's extractors bind params into the module they get."""
     mod, params = _build(name)
     return copy_module(mod), params
+
+
+def copy_module(mod: tvm.IRModule) -> tvm.IRModule:
+    """A new module object with the same content, Prelude type definitions included."""
+    return with_functions(mod, {})
