@@ -182,6 +182,12 @@ def _post_order(main: relay.Function) -> list[relay.Function]:
     return visited
 
 
+def in_call_order(tasks: list[Task]) -> list[Task]:
+    """The tasks a compiler lowers (and a tracing tuner so traces), in the order it lowers them;
+    functions it never calls are left out."""
+    return sorted((t for t in tasks if t.calls), key=lambda t: t.calls[0])
+
+
 def dynamic_shape(func: relay.Function) -> str | None:
     """The first input or output shape of ``func`` with a dimension only known at run time.
 
@@ -228,21 +234,23 @@ def _lower_groups(groups: list[_Group], target: Target, scope: LoweringScope) ->
     constant_names = NameSupply("")
     owner = {v: g for g in groups for v in g.visits}
     lowered: dict[int, tuple[LoweredTE, tuple[Any, ...]]] = {}
-    for visit in sorted(owner):
-        group = owner[visit]
-        done = lowered.get(id(group))
-        if done is not None:
-            for base in done[0].constant_bases:
-                constant_names.fresh_name(base)
-            continue
+
+    def lower(group: _Group) -> None:
         with scope() as record:
             result = _lower_one(group.func, target, constant_names)
         lowered[id(group)] = (result, tuple(record))
+
+    for visit in sorted(owner):
+        group = owner[visit]
+        done = lowered.get(id(group))
+        if done is None:
+            lower(group)
+            continue
+        for base in done[0].constant_bases:
+            constant_names.fresh_name(base)
     for group in groups:  # called only from other global functions, which main's walk misses
         if id(group) not in lowered:
-            with scope() as record:
-                result = _lower_one(group.func, target, constant_names)
-            lowered[id(group)] = (result, tuple(record))
+            lower(group)
     return [
         make_task(
             g.func,

@@ -72,12 +72,8 @@ def _straight_line_calls(main: relay.Function) -> list[relay.Function] | None:
             control = True
         elif isinstance(node, relay.Function) and not node.same_as(main):
             control = control or not is_primitive_task(node)
-        elif (
-            isinstance(node, relay.Call)
-            and isinstance(node.op, relay.Function)
-            and is_primitive_task(node.op)
-        ):
-            called.append(node.op)
+        else:
+            _collect_call(node, {}, called)
 
     relay.analysis.post_order_visit(main, visit)
     return None if control else called
@@ -114,15 +110,19 @@ def _calls_in(func: relay.Function) -> list[relay.Function]:
 
     relay.analysis.post_order_visit(func, bind)
     called: list[relay.Function] = []
-
-    def visit(node: Any) -> None:
-        if not isinstance(node, relay.Call):
-            return
-        op = node.op
-        if isinstance(op, relay.Var):
-            op = bound.get(op.handle.value)
-        if isinstance(op, relay.Function) and is_primitive_task(op):
-            called.append(op)
-
-    relay.analysis.post_order_visit(func, visit)
+    relay.analysis.post_order_visit(func, lambda node: _collect_call(node, bound, called))
     return called
+
+
+def _collect_call(
+    node: Any, bound: dict[int, relay.Function], called: list[relay.Function]
+) -> None:
+    """Append the primitive function ``node`` calls, directly or through a variable ``bound``
+    to it, to ``called``."""
+    if not isinstance(node, relay.Call):
+        return
+    op = node.op
+    if isinstance(op, relay.Var):
+        op = bound.get(op.handle.value)
+    if isinstance(op, relay.Function) and is_primitive_task(op):
+        called.append(op)

@@ -28,7 +28,14 @@ from tvm.target import Target
 
 from ..cxx import hash_combine, std_hash_string, unordered_map_order
 from ..errors import ModelError, TargetError
-from ..extract import Task, make_task, run_extraction, shape_text, warn_skipped_dynamic
+from ..extract import (
+    Task,
+    in_call_order,
+    make_task,
+    run_extraction,
+    shape_text,
+    warn_skipped_dynamic,
+)
 from ..inputs import ParamsLike, TargetLike, as_target
 from ..lower import flatten_tuple_type, lower_to_te
 from ..pipeline import PassSettings, extraction_scope
@@ -224,11 +231,10 @@ def _extract(
         tgt = Target(tgt, as_target(target_host))
     settings = PassSettings(opt_level, PASS_CONFIG, DISABLED_PASSES)
     tasks = run_extraction(mod, tgt, params, settings)
-    # The compiler lowers (and so traces) only functions it calls, in its call order.
-    in_call_order = sorted((t for t in tasks if t.calls), key=lambda t: t.calls[0])
+    lowered_in_order = in_call_order(tasks)
     # The compiler lowers in batches: the model's functions, then the storage-size functions its
     # memory planning adds for dynamic shapes.
-    batches = [in_call_order, storage_size_tasks(in_call_order, tgt, settings)]
+    batches = [lowered_in_order, storage_size_tasks(lowered_in_order, tgt, settings)]
     lowered = [task for batch in batches for task in batch]
     names = vm_function_names(lowered)
     mode = (

@@ -22,7 +22,7 @@ from tvm.autotvm.task.dispatcher import DispatchContext, FallbackContext
 from tvm.target import Target
 
 from ..errors import ModelError
-from ..extract import Task, display_name, run_extraction, shape_text
+from ..extract import Task, display_name, in_call_order, run_extraction, shape_text
 from ..inputs import ParamsLike, TargetLike, as_target
 from ..pipeline import PassSettings
 from .base import Adapter, Runner, TunerTask
@@ -132,9 +132,8 @@ def _extract(
             lowering_scope=lambda: _per_function(env),
         )
         records += [(None, r) for r in before_lowering]
-        # The compiler lowers (and so traces) only functions it calls, in its call order.
-        in_call_order = sorted((t for t in tasks if t.calls), key=lambda t: t.calls[0])
-        records += [(task, record) for task in in_call_order for record in task.traced]
+        lowered_in_order = in_call_order(tasks)
+        records += [(task, record) for task in lowered_in_order for record in task.traced]
     result: list[tuple[Task | None, autotvm.task.Task]] = []
     seen: set[tuple[str, Any]] = set()
     for source, (name, args) in records:

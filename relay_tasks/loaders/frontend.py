@@ -3,6 +3,7 @@ conversion by one of TVM's frontends."""
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -10,12 +11,21 @@ from typing import Any
 import tvm
 from tvm.ir import IRModule
 
-from ..errors import ModelError
+from ..errors import DependencyError, ModelError
 from ..ir import diagnostic_text, diagnostics
 
 Params = dict[str, tvm.nd.NDArray]
 Shapes = Mapping[str, Sequence[int]]
 DTypes = Mapping[str, str]
+
+
+def require(module: str, missing: str) -> Any:
+    """Import an optional frontend package, or raise one ``DependencyError`` (``missing`` says
+    how to install it)."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:
+        raise DependencyError(missing) from err
 
 
 def convert(

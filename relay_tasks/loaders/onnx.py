@@ -8,20 +8,15 @@ from typing import Any
 from tvm import relay
 from tvm.ir import IRModule
 
-from ..errors import DependencyError, ModelError, describe_failure
-from .frontend import DTypes, Params, Shapes, convert, unknown_inputs
+from ..errors import ModelError, describe_failure
+from .frontend import DTypes, Params, Shapes, convert, require, unknown_inputs
 
 
 def load_onnx(
     path: Path, shapes: Shapes | None = None, dtypes: DTypes | None = None
 ) -> tuple[IRModule, Params]:
     """Convert an ONNX model; ``shapes`` fix dynamic input dimensions, ``dtypes`` input types."""
-    try:
-        import onnx
-    except ImportError as err:
-        raise DependencyError(
-            "reading ONNX models needs the onnx package: pip install onnx==1.15.0"
-        ) from err
+    onnx = require("onnx", "reading ONNX models needs the onnx package: pip install onnx==1.15.0")
     try:
         model = onnx.load(str(path))
         onnx.checker.check_model(model)
@@ -41,12 +36,10 @@ def load_onnx(
 def _input_shapes(model: Any, path: Path, shapes: Shapes | None) -> dict[str, list[int]]:
     given = dict(shapes or {})
     initializers = {init.name for init in model.graph.initializer}
-    names = [v.name for v in model.graph.input if v.name not in initializers]
-    unknown_inputs(path, list(given), names)
+    inputs = [v for v in model.graph.input if v.name not in initializers]
+    unknown_inputs(path, list(given), [v.name for v in inputs])
     result: dict[str, list[int]] = {}
-    for value in model.graph.input:
-        if value.name in initializers:
-            continue
+    for value in inputs:
         if value.name in given:
             result[value.name] = list(given[value.name])
             continue

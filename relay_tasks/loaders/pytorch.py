@@ -18,10 +18,9 @@ from typing import Any
 from tvm import relay
 from tvm.ir import IRModule
 
-from ..errors import DependencyError, ModelError, describe_failure
-from .frontend import DTypes, Params, Shapes, convert
+from ..errors import ModelError, describe_failure
+from .frontend import DTypes, Params, Shapes, convert, require
 
-SUFFIXES = (".pt", ".pth", ".torchscript")
 #: How to get a model from any torch version in: the frontend-neutral exchange format.
 ONNX_WAY_IN = (
     "export it with torch.onnx.export(model, example_inputs, 'model.onnx') and load the .onnx"
@@ -30,14 +29,11 @@ ONNX_WAY_IN = (
 
 def import_torch() -> Any:
     """``torch``, or one ``DependencyError`` naming the extra that installs it."""
-    try:
-        import torch
-    except ImportError as err:
-        raise DependencyError(
-            "PyTorch models need torch: pip install 'relay-tasks[torch]' (torch 2.2.2, "
-            f"torchvision 0.17.2, transformers 4.44.2); or {ONNX_WAY_IN}"
-        ) from err
-    return torch
+    return require(
+        "torch",
+        "PyTorch models need torch: pip install 'relay-tasks[torch]' (torch 2.2.2, "
+        f"torchvision 0.17.2, transformers 4.44.2); or {ONNX_WAY_IN}",
+    )
 
 
 def load_torchscript(
@@ -81,8 +77,7 @@ def _load_failure(err: BaseException) -> str:
     found = _NEWER_FORMAT.search(str(err))
     if found is None:
         return describe_failure(err)
-    import torch
-
+    torch = import_torch()
     return (
         f"it was saved by a newer PyTorch (file format {found[1]}; torch {torch.__version__}, "
         f"the version TVM's frontend needs, reads up to {found[2]}); {ONNX_WAY_IN}"
@@ -105,8 +100,8 @@ def load_torch_module(
     torch = import_torch()
     if isinstance(module, torch.jit.ScriptModule):
         if example_inputs is not None and shapes is None:
-            shapes, dtypes = _specs_of(_input_names(module, len(_as_tuple(example_inputs))),
-                                       _as_tuple(example_inputs))  # fmt: skip
+            examples = _as_tuple(example_inputs)
+            shapes, dtypes = _specs_of(_named(_input_names(module), len(examples)), examples)
         return convert_script_module(module, shapes, dtypes, source=type(module).__name__)
     if not isinstance(module, torch.nn.Module):
         raise ModelError(
@@ -124,7 +119,7 @@ def load_torch_module(
         )
     examples = _as_tuple(example_inputs)
     if shapes is None:
-        shapes, dtypes = _specs_of(_forward_names(module, len(examples)), examples)
+        shapes, dtypes = _specs_of(_named(_forward_parameters(module), len(examples)), examples)
     was_training = module.training
     module.eval()
     try:
@@ -173,19 +168,22 @@ def convert_script_module(
     )
 
 
-def _input_names(script: Any, count: int | None = None) -> list[str]:
+def _input_names(script: Any) -> list[str]:
     """The graph's input names (without ``self``), as TorchScript spells them (``x.1`` -> x)."""
-    names = [value.debugName().split(".")[0] for value in list(script.graph.inputs())[1:]]
-    return names if count is None else names[:count]
+    return [value.debugName().split(".")[0] for value in list(script.graph.inputs())[1:]]
 
 
-def _forward_names(module: Any, count: int) -> list[str]:
+def _forward_parameters(module: Any) -> list[str]:
     try:
-        parameters = list(inspect.signature(module.forward).parameters)
+        return list(inspect.signature(module.forward).parameters)
     except (TypeError, ValueError):
-        parameters = []
-    names = parameters[:count]
-    return names + [f"input{i}" for i in range(len(names), count)]
+        return []
+
+
+def _named(names: Sequence[str], count: int) -> list[str]:
+    """Names for ``count`` example inputs: the model's own, then ``input<i>`` for any extra (the
+    input-count check then names the mismatch)."""
+    return [*names[:count], *(f"input{i}" for i in range(len(names), count))]
 
 
 def _as_tuple(example_inputs: Any) -> tuple[Any, ...]:

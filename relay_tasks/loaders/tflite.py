@@ -7,20 +7,15 @@ from pathlib import Path
 from tvm import relay
 from tvm.ir import IRModule
 
-from ..errors import DependencyError, ModelError, describe_failure
-from .frontend import DTypes, Params, Shapes, convert, unknown_inputs
+from ..errors import ModelError, describe_failure
+from .frontend import DTypes, Params, Shapes, convert, require, unknown_inputs
 
 
 def load_tflite(
     path: Path, shapes: Shapes | None = None, dtypes: DTypes | None = None
 ) -> tuple[IRModule, Params]:
     """Convert a TFLite model; ``shapes`` and ``dtypes`` override its inputs' own."""
-    try:
-        import tflite
-    except ImportError as err:
-        raise DependencyError(
-            "reading TFLite models needs the tflite package: pip install tflite"
-        ) from err
+    tflite = require("tflite", "reading TFLite models needs the tflite package: pip install tflite")
     try:
         blob = path.read_bytes()
         model = tflite.Model.GetRootAsModel(blob, 0)
