@@ -74,7 +74,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--tracker", required=True, metavar="HOST:PORT")
     serve.add_argument("--key", required=True, help="the device key to register under")
-    serve.add_argument("--host", default="0.0.0.0")
+    serve.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1: this machine only); the server runs any "
+        "module a client sends, so open it (e.g. --host 0.0.0.0) only on a trusted network",
+    )
     serve.add_argument("--port", type=int, default=9090)
     return parser
 

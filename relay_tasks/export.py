@@ -1,26 +1,34 @@
 """Task lists as JSON: what ``--format json`` prints and what ``tune`` reads back.
 
 Each task carries the table's fields plus a ``payload`` from which its tuner rebuilds the native
-task (a serialised TIR module, an AutoTVM template and its arguments, an Ansor workload), so
-extraction and tuning can run on different machines. Output is deterministic: the same model
-gives the same bytes in any process.
+task (TIR and Relay modules in TVM's structural JSON, an AutoTVM template name and its arguments,
+an Ansor workload's tensors), so extraction and tuning can run on different machines. Output is
+deterministic: the same model gives the same bytes in any process.
+
+A task file is data from another machine: reading one evaluates nothing (no TVMScript, no pickle),
+checks every field's type, the file's checksum (so damage and edits are caught) and, per task, that
+the decoded payload still has the task's key.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tvm.target import Target
 
-from .adapters import TunerTask, get_adapter
-from .errors import ModelError
+from .adapters import ADAPTERS, Adapter, TunerTask, get_adapter
+from .errors import ModelError, describe_failure
 from .inputs import as_target
 
-FORMAT = "relay-tasks/1"
+FORMAT = "relay-tasks/2"
+#: Formats older releases wrote; format 1 held TVMScript, which only a Python parser can read.
+OLD_FORMATS = ("relay-tasks/1",)
+HOW_TO_REWRITE = "re-extract it with relay-tasks extract --format json"
 
 
 @dataclass(frozen=True)
@@ -37,7 +45,7 @@ def tasks_document(
     tasks: Sequence[TunerTask], *, tuner: str, target: Target, models: Sequence[str]
 ) -> dict[str, Any]:
     adapter = get_adapter(tuner)
-    return {
+    document = {
         "format": FORMAT,
         "tuner": tuner,
         "target": str(target),
@@ -55,6 +63,7 @@ def tasks_document(
             for index, task in enumerate(tasks)
         ],
     }
+    return {**document, "sha256": _digest(document)}
 
 
 def dumps(document: dict[str, Any]) -> str:
@@ -62,33 +71,109 @@ def dumps(document: dict[str, Any]) -> str:
 
 
 def load_tasks(path: str | Path) -> TaskFile:
-    """Read a task list written by ``relay-tasks extract --format json``."""
+    """Read a task list written by ``relay-tasks extract --format json``.
+
+    Any problem with the file (unreadable, not JSON, an old format, a field of the wrong type, a
+    checksum or key that does not match) is one :class:`ModelError` naming the file.
+    """
     source = Path(path)
     try:
-        document = json.loads(source.read_text())
+        return _read(json.loads(source.read_text()))
     except (OSError, UnicodeDecodeError) as err:
         raise ModelError(f"{source}: cannot read the task file ({err})") from err
     except json.JSONDecodeError as err:
         raise ModelError(f"{source}: not JSON ({err.msg} at line {err.lineno})") from err
-    if not isinstance(document, dict) or document.get("format") != FORMAT:
-        raise ModelError(
-            f'{source}: not a relay-tasks task file (expected "format": "{FORMAT}"); '
-            "write one with relay-tasks extract --format json"
+    except RecursionError as err:
+        raise ModelError(f"{source}: not a task file (JSON nested too deeply)") from err
+    except _Damaged as err:
+        raise ModelError(f"{source}: {err}") from None
+
+
+class _Damaged(Exception):
+    """What is wrong with a task file, before the file's name is put in front."""
+
+
+def _read(document: Any) -> TaskFile:
+    if not isinstance(document, dict) or not isinstance(document.get("format"), str):
+        raise _Damaged(f'not a relay-tasks task file (no "format": "{FORMAT}"); {HOW_TO_REWRITE}')
+    if document["format"] in OLD_FORMATS:
+        raise _Damaged(
+            f"written by an older relay-tasks (format {document['format']}, whose payloads "
+            f"need a code parser to read); {HOW_TO_REWRITE}"
         )
+    if document["format"] != FORMAT:
+        raise _Damaged(f"unknown task file format {document['format']!r} (this relay-tasks "
+                       f"reads {FORMAT}); {HOW_TO_REWRITE}")  # fmt: skip
+    _check_fields(document, _DOCUMENT, "the file")
+    for index, entry in enumerate(document["tasks"]):
+        _check_fields(entry, _TASK, f"task {index}")
+        if entry["index"] != index:
+            raise _Damaged(f"task {index} says it is task {entry['index']} (tasks were moved)")
+        if entry["weight"] < 1:
+            raise _Damaged(f"task {index}: weight {entry['weight']} (a task is used at least once)")
+    if document["sha256"] != _digest(document):
+        raise _Damaged(
+            f"changed since it was written (its sha256 does not match); {HOW_TO_REWRITE}"
+        )
+    if document["tuner"] not in ADAPTERS:
+        raise _Damaged(f"unknown tuner {document['tuner']!r}")
     adapter = get_adapter(document["tuner"])
     target = as_target(document["target"])
+    tasks = [_task(adapter, entry, target, index) for index, entry in enumerate(document["tasks"])]
+    return TaskFile(adapter.name, target, tuple(document["models"]), tasks)
+
+
+def _task(adapter: Adapter, entry: dict[str, Any], target: Target, index: int) -> TunerTask:
+    where = f"task {index} ({entry['name']})"
     try:
-        tasks = [
-            TunerTask(
-                name=entry["name"],
-                weight=int(entry["weight"]),
-                anchor_op=entry["anchor_op"],
-                key=entry["key"],
-                native=adapter.decode(entry["payload"], target),
-                models=tuple(entry.get("models", ())),
-            )
-            for entry in document["tasks"]
-        ]
-    except (KeyError, TypeError, ValueError) as err:
-        raise ModelError(f"{source}: a task entry is incomplete or damaged ({err!r})") from err
-    return TaskFile(adapter.name, target, tuple(document.get("models", ())), tasks)
+        native = adapter.decode(entry["payload"], target)
+        key = adapter.key(native)
+    except Exception as err:  # a damaged payload can fail anywhere inside TVM's reader
+        raise _Damaged(f"{where}: its payload cannot be read ({describe_failure(err)})") from err
+    if key != entry["key"]:
+        raise _Damaged(f"{where}: its payload is not the task its key names "
+                       f"(key {entry['key']}, payload {key}); {HOW_TO_REWRITE}")  # fmt: skip
+    models = tuple(entry["models"])
+    return TunerTask(entry["name"], entry["weight"], entry["anchor_op"], key, native, models)
+
+
+_STRINGS = (
+    "a list of strings",
+    lambda v: isinstance(v, list) and all(isinstance(s, str) for s in v),
+)
+_DOCUMENT = {
+    "tuner": ("a string", lambda v: isinstance(v, str)),
+    "target": ("a string", lambda v: isinstance(v, str)),
+    "models": _STRINGS,
+    "tasks": ("a list", lambda v: isinstance(v, list)),
+    "sha256": ("a string", lambda v: isinstance(v, str)),
+}
+_TASK = {
+    "index": ("an integer", lambda v: type(v) is int),
+    "name": ("a string", lambda v: isinstance(v, str)),
+    "weight": ("an integer", lambda v: type(v) is int),
+    "anchor_op": ("a string", lambda v: isinstance(v, str)),
+    "key": ("a string", lambda v: isinstance(v, str)),
+    "models": _STRINGS,
+    "payload": ("a object", lambda v: isinstance(v, dict)),
+}
+
+
+def _check_fields(
+    value: Any, spec: dict[str, tuple[str, Callable[[Any], bool]]], where: str
+) -> None:
+    if not isinstance(value, dict):
+        raise _Damaged(f"{where} is not a JSON object")
+    for name, (kind, valid) in spec.items():
+        if name not in value:
+            raise _Damaged(f'{where} has no "{name}"; {HOW_TO_REWRITE}')
+        if not valid(value[name]):
+            raise _Damaged(f'{where}: "{name}" is not {kind}')
+
+
+def _digest(document: dict[str, Any]) -> str:
+    """sha256 over the canonical JSON of everything but the digest itself."""
+    content = {name: value for name, value in document.items() if name != "sha256"}
+    return hashlib.sha256(
+        json.dumps(content, sort_keys=True, separators=(",", ":")).encode()
+    ).hexdigest()

@@ -35,9 +35,13 @@ def fix_load_module() -> None:
 
 
 def start_server(
-    tracker: tuple[str, int], key: str, *, host: str = "0.0.0.0", port: int = 9090
+    tracker: tuple[str, int], key: str, *, host: str = "127.0.0.1", port: int = 9090
 ) -> Any:
-    """Start an RPC server registered at ``tracker`` under ``key``; returns ``tvm.rpc.Server``."""
+    """Start an RPC server registered at ``tracker`` under ``key``; returns ``tvm.rpc.Server``.
+
+    It listens on ``host`` only: it runs whatever a client uploads, so reaching it from other
+    machines is the caller's explicit choice.
+    """
     from tvm.rpc.server import Server
 
     return Server(

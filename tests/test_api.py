@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,10 +13,9 @@ from tvm import relay
 import relay_tasks
 from relay_tasks.api import extract_models, tune
 from relay_tasks.cli import main
-from relay_tasks.export import load_tasks, tasks_document
 
 from small_graphs import _module, _weights
-from zoo import CUDA, X86, load
+from zoo import X86, load
 
 
 def _block(seed: int, extra: bool) -> tuple[tvm.IRModule, dict]:
@@ -54,79 +50,6 @@ def test_two_models_sharing_a_layer_give_one_task_with_summed_weight(tuner: str)
         )
     if tuner == "meta_schedule":
         assert all(t.native.weight == t.weight for t in merged)
-
-
-@pytest.mark.parametrize("tuner", ["meta_schedule", "autotvm", "ansor"])
-@pytest.mark.parametrize("target", [X86, CUDA])
-def test_task_files_round_trip(tuner: str, target: str, tmp_path: Path) -> None:
-    mod, params = load("conv_bias_bn_relu")
-    tasks = relay_tasks.extract(mod, target, params, tuner=tuner)
-    document = tasks_document(tasks, tuner=tuner, target=tvm.target.Target(target), models=["m"])
-    path = tmp_path / "tasks.json"
-    path.write_text(json.dumps(document))
-    loaded = load_tasks(path)
-    assert (loaded.tuner, str(loaded.target), loaded.models) == (
-        tuner,
-        str(tvm.target.Target(target)),
-        ("m",),
-    )
-    assert [(t.name, t.weight, t.key) for t in loaded.tasks] == [
-        (t.name, t.weight, t.key) for t in tasks
-    ]
-    for ours, back in zip(tasks, loaded.tasks, strict=True):
-        if tuner == "meta_schedule":
-            assert tvm.ir.structural_equal(ours.native.dispatched[0], back.native.dispatched[0])
-            assert tvm.ir.structural_equal(ours.native.mod, back.native.mod)
-        elif tuner == "autotvm":
-            assert (ours.native.name, ours.native.args) == (back.native.name, back.native.args)
-            assert len(back.native.config_space) == len(ours.native.config_space)
-        else:
-            assert back.native.workload_key == ours.native.workload_key
-            assert str(back.native.compute_dag) == str(ours.native.compute_dag)
-
-
-@pytest.mark.parametrize(
-    "content",
-    [
-        "{",
-        '{"format": "other"}',
-        '{"format": "relay-tasks/1", "tuner": "autotvm", "target": "llvm", "tasks": [{"name": "x"}]}',
-    ],
-)
-def test_bad_task_files(content: str, tmp_path: Path) -> None:
-    path = tmp_path / "tasks.json"
-    path.write_text(content)
-    with pytest.raises(relay_tasks.ModelError, match="tasks.json: "):
-        load_tasks(path)
-
-
-def test_json_output_is_identical_across_processes(tmp_path: Path) -> None:
-    text, params = tmp_path / "m.relay", tmp_path / "m.params"
-    mod, weights = load("conv_bias_bn_relu")
-    text.write_text(mod.astext())
-    params.write_bytes(relay.save_param_dict(weights))
-    outputs = []
-    for seed in ("1", "2"):
-        for tuner in ("meta_schedule", "autotvm", "ansor"):
-            command = [
-                sys.executable,
-                "-m",
-                "relay_tasks.cli",
-                "extract",
-                str(text),
-                "--params",
-                str(params),
-                "--target",
-                X86,
-                "--tuner",
-                tuner,
-                "--format",
-                "json",
-            ]
-            env = {**os.environ, "PYTHONHASHSEED": seed}
-            outputs.append(subprocess.run(command, capture_output=True, env=env, check=True).stdout)
-    assert outputs[:3] == outputs[3:]
-    assert all(json.loads(o)["tasks"] for o in outputs)
 
 
 def _records(path: Path) -> int:

@@ -60,7 +60,7 @@ def test_json_for_a_zoo_model_matches_upstream(capsys) -> None:
     upstream = oracles.meta_schedule("resnet-18", X86)
     assert document["target"] == str(tvm.target.Target(X86))
     assert document["tuner"] == "meta_schedule"
-    assert document["models"] == ["resnet-18"] and document["format"] == "relay-tasks/1"
+    assert document["models"] == ["resnet-18"] and document["format"] == "relay-tasks/2"
     assert [(t["index"], t["name"], t["weight"]) for t in document["tasks"]] == [
         (i, t.task_name, t.weight) for i, t in enumerate(upstream)
     ]
@@ -261,3 +261,18 @@ def test_dynamic_shapes_get_one_line(tuner: str, code: int, message: str, tmp_pa
     assert main(["extract", str(text), "--target", X86, "--tuner", tuner]) == code
     err = capsys.readouterr().err
     assert err.startswith(message) and err.count("\n") == 1, err
+
+
+def test_serve_listens_on_this_machine_only_unless_told() -> None:
+    """An RPC server runs what it is sent: reaching it from elsewhere must be asked for."""
+    import inspect
+
+    from relay_tasks.cli import build_parser
+    from relay_tasks.rpc import start_server
+
+    parse = build_parser().parse_args
+    assert parse(["serve", "--tracker", "h:9190", "--key", "k"]).host == "127.0.0.1"
+    assert parse(["serve", "--tracker", "h:9190", "--key", "k", "--host", "0.0.0.0"]).host == (
+        "0.0.0.0"
+    )
+    assert inspect.signature(start_server).parameters["host"].default == "127.0.0.1"

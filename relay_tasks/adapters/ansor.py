@@ -23,6 +23,7 @@ import tvm
 from tvm import auto_scheduler, relay, te, topi
 from tvm.auto_scheduler import relay_integration as upstream
 from tvm.auto_scheduler.relay_integration import TracingEnvironment, TracingMode
+from tvm.auto_scheduler.workload_registry import register_workload_tensors
 from tvm.ir.supply import NameSupply
 from tvm.target import Target
 
@@ -39,7 +40,14 @@ from ..extract import (
 from ..inputs import ParamsLike, TargetLike, as_target
 from ..lower import flatten_tuple_type, lower_to_te
 from ..pipeline import PassSettings, extraction_scope
-from .base import Adapter, Runner, TunerTask
+from .base import (
+    Adapter,
+    Runner,
+    TunerTask,
+    compact_json,
+    load_tvm_json,
+    refuse_named_calls,
+)
 
 NAME = "ansor"
 PASS_CONFIG = {"relay.backend.use_auto_scheduler": True}
@@ -114,37 +122,40 @@ def extract(
     return [
         # The description joins names from a set (process-dependent order); sorted for display.
         TunerTask(
-            ",".join(sorted(search.desc.split(","))), weight, source.anchor_op, _key(search), search
+            ",".join(sorted(search.desc.split(","))), weight, source.anchor_op, key(search), search
         )
         for search, weight, source in pairs
     ]
 
 
-def _key(task: auto_scheduler.SearchTask) -> str:
+def key(task: auto_scheduler.SearchTask) -> str:
     """The workload key (hash of the compute DAG and shapes) is Ansor's identity of a task."""
     return hashlib.sha256(task.workload_key.encode()).hexdigest()[:16]
 
 
 def encode(task: auto_scheduler.SearchTask) -> dict[str, Any]:
-    from tvm.auto_scheduler.workload_registry import serialize_workload_registry_entry
-
     return {
         "workload_key": task.workload_key,
-        "workload": list(serialize_workload_registry_entry(task.workload_key)),
+        "tensors": compact_json(tvm.ir.save_json(task.compute_dag.tensors)),
         "desc": ",".join(sorted(task.desc.split(","))),  # set order varies between processes
     }
 
 
 def decode(payload: dict[str, Any], target: Target) -> auto_scheduler.SearchTask:
-    from tvm.auto_scheduler.workload_registry import deserialize_workload_registry_entry
-
-    deserialize_workload_registry_entry(tuple(payload["workload"]))
+    tensors = load_tvm_json(payload["tensors"], tvm.ir.container.Array)
+    dag = auto_scheduler.ComputeDAG(list(tensors))
+    refuse_named_calls(op.body for op in dag.ops if hasattr(op, "body"))
+    workload_key = dag.workload_key()
+    if workload_key != payload["workload_key"]:
+        # The search task would look its compute up by this key: it must be the one sent.
+        raise ValueError("the compute does not hash to the workload key it is filed under")
+    register_workload_tensors(workload_key, list(tensors))
     return _search_task(
-        workload_key=payload["workload_key"],
+        workload_key=workload_key,
         target=target,
         hardware_params=default_hardware_params(target),
         layout_rewrite_option=auto_scheduler.LayoutRewriteOption.get_target_default(target, True),
-        desc=payload["desc"],
+        desc=str(payload["desc"]),
     )
 
 
@@ -194,7 +205,7 @@ def _runner(runner: Runner) -> Any:
     return auto_scheduler.RPCRunner(runner.key, host, port, repeat=1, timeout=int(runner.timeout))
 
 
-ADAPTER = Adapter(NAME, extract, encode, decode, merge, tune)
+ADAPTER = Adapter(NAME, extract, encode, decode, key, merge, tune)
 
 
 def default_hardware_params(target: Target) -> Any:

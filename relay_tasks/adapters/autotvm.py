@@ -96,7 +96,7 @@ def extract(
         options.get("target_host"),
     )
     return [
-        TunerTask(task.name, weight, source.anchor_op if source else "", _key(task), task)
+        TunerTask(task.name, weight, source.anchor_op if source else "", key(task), task)
         for (source, task), weight in zip(pairs, _weights(pairs), strict=True)
     ]
 
@@ -203,7 +203,7 @@ def _per_function(env: TaskExtractEnv) -> Iterator[list[Any]]:
         env.task_collection = saved
 
 
-def _key(task: autotvm.task.Task) -> str:
+def key(task: autotvm.task.Task) -> str:
     """A template and its arguments are the tuning problem, whichever model they come from."""
     digest = hashlib.sha256(repr((task.name, task.args)).encode()).hexdigest()
     return digest[:16]
@@ -214,7 +214,10 @@ def encode(task: autotvm.task.Task) -> dict[str, Any]:
 
 
 def decode(payload: dict[str, Any], target: Target) -> autotvm.task.Task:
-    return autotvm.task.create(payload["template"], _tuples(payload["args"]), target=target)
+    template, args = payload["template"], payload["args"]
+    if not isinstance(template, str) or not isinstance(args, list):
+        raise TypeError("an AutoTVM payload is a template name and a list of arguments")
+    return autotvm.task.create(template, _tuples(args), target=target)
 
 
 def _jsonable(value: Any) -> Any:
@@ -269,4 +272,4 @@ def _runner(runner: Runner) -> Any:
     return autotvm.RPCRunner(runner.key, host, port, number=1, repeat=1, timeout=runner.timeout)
 
 
-ADAPTER = Adapter(NAME, extract, encode, decode, merge, tune)
+ADAPTER = Adapter(NAME, extract, encode, decode, key, merge, tune)

@@ -27,7 +27,7 @@ from ..errors import ModelError
 from ..extract import Task, run_extraction, warn_skipped_dynamic
 from ..inputs import ParamsLike, TargetLike, as_module, as_target
 from ..pipeline import PassSettings, extraction_scope
-from .base import Adapter, Runner, TunerTask
+from .base import Adapter, Runner, TunerTask, compact_json, load_tvm_json, refuse_named_calls
 
 NAME = "meta_schedule"
 MODULE_EQUALITIES = ("structural", "ignore-ndarray", "anchor-block")
@@ -87,11 +87,11 @@ def extract(
     if options:
         raise ModelError(f"unknown MetaSchedule option(s): {', '.join(sorted(options))}")
     return [
-        TunerTask(et.task_name, int(et.weight), task.anchor_op, _key(et), et) for task, et in pairs
+        TunerTask(et.task_name, int(et.weight), task.anchor_op, key(et), et) for task, et in pairs
     ]
 
 
-def _key(task: ms.ExtractedTask) -> str:
+def key(task: ms.ExtractedTask) -> str:
     """MetaSchedule tunes the TIR module: equal modules are one task, across models too."""
     return f"{int(tvm.ir.structural_hash(task.dispatched[0])) & (2**64 - 1):016x}"
 
@@ -216,26 +216,45 @@ def _op_count(func: relay.Function) -> int:
 
 
 def encode(task: ms.ExtractedTask) -> dict[str, Any]:
-    # TIR goes as TVMScript: save_json writes maps keyed by objects (a PrimFunc's buffer_map) in
-    # address order, which would make the same task serialise differently in every process.
     return {
         "name": str(task.task_name),
         "weight": int(task.weight),
-        "mod": tvm.ir.save_json(task.mod),
-        "dispatched": [mod.script(show_meta=True) for mod in task.dispatched],
+        "mod": compact_json(tvm.ir.save_json(task.mod)),
+        "dispatched": [_encode_tir(mod) for mod in task.dispatched],
     }
 
 
 def decode(payload: dict[str, Any], target: Target) -> ms.ExtractedTask:
-    from tvm.script import from_source
-
     return ms.ExtractedTask(
-        payload["name"],
-        tvm.ir.load_json(payload["mod"]),
+        str(payload["name"]),
+        load_tvm_json(payload["mod"], IRModule),
         target,
-        [from_source(script) for script in payload["dispatched"]],
+        [_decode_tir(entry) for entry in payload["dispatched"]],
         int(payload["weight"]),
     )
+
+
+def _encode_tir(mod: IRModule) -> list[Any]:
+    """Each PrimFunc as its parts, in an Array: ``save_json`` of a whole PrimFunc writes its
+    ``buffer_map`` (keyed by objects) in address order, so the same task would serialise
+    differently in every process; the parts are ordered by the parameter list instead."""
+    functions = []
+    for gvar, func in sorted(mod.functions.items(), key=lambda item: item[0].name_hint):
+        buffers = [func.buffer_map.get(param) for param in func.params]
+        parts = [func.params, buffers, func.body, func.ret_type, func.attrs]
+        functions.append([gvar.name_hint, compact_json(tvm.ir.save_json(parts))])
+    return functions
+
+
+def _decode_tir(entry: list[Any]) -> IRModule:
+    functions = {}
+    for name, text in entry:
+        params, buffers, body, ret_type, attrs = load_tvm_json(text, tvm.ir.container.Array)
+        buffer_map = {p: b for p, b in zip(params, buffers, strict=True) if b is not None}
+        refuse_named_calls([body])
+        func = tvm.tir.PrimFunc(list(params), body, ret_type, buffer_map, attrs)
+        functions[tvm.ir.GlobalVar(str(name))] = func
+    return IRModule(functions)
 
 
 def merge(tasks: Sequence[TunerTask]) -> ms.ExtractedTask:
@@ -297,4 +316,4 @@ def _runner(runner: Runner) -> Any:
     return ms.runner.RPCRunner(config)
 
 
-ADAPTER = Adapter(NAME, extract, encode, decode, merge, tune)
+ADAPTER = Adapter(NAME, extract, encode, decode, key, merge, tune)

@@ -84,6 +84,52 @@ def test_truncated_onnx_file(tmp_path: Path) -> None:
         load_model(path)
 
 
+def _with_external_weights(folder: Path) -> Path:
+    """The conv model with its weight in ``folder/weights.bin``, as large ONNX models ship."""
+    folder.mkdir()
+    model = onnx.load(str(_onnx_conv(folder / "inline.onnx")))
+    path = folder / "conv.onnx"
+    onnx.save_model(
+        model, str(path), save_as_external_data=True, location="weights.bin", size_threshold=0
+    )
+    return path
+
+
+def _relocate(path: Path, location: str) -> None:
+    model = onnx.load(str(path), load_external_data=False)
+    for entry in model.graph.initializer[0].external_data:
+        if entry.key == "location":
+            entry.value = location
+    onnx.save(model, str(path))
+
+
+def test_onnx_external_weights_beside_the_model(tmp_path: Path) -> None:
+    path = _with_external_weights(tmp_path / "model")
+    mod, params = load_model(path)
+    inline, inline_params = load_model(path.parent / "inline.onnx")
+    assert tvm.ir.structural_equal(mod, inline)
+    assert params.keys() == inline_params.keys()
+
+
+@pytest.mark.parametrize("how", ["symlink", "parent", "absolute", "linked folder"])
+def test_onnx_external_data_may_not_leave_the_model_folder(tmp_path: Path, how: str) -> None:
+    path = _with_external_weights(tmp_path / "model")
+    secret = tmp_path / "secret.bin"
+    secret.write_bytes((path.parent / "weights.bin").read_bytes())  # would load, if followed
+    if how == "symlink":
+        (path.parent / "link").symlink_to(secret)
+        location = "link"
+    elif how == "linked folder":
+        (path.parent / "data").symlink_to(tmp_path)
+        location = "data/secret.bin"
+    else:
+        location = "../secret.bin" if how == "parent" else str(secret)
+    _relocate(path, location)
+    why = "through the symlink" if "link" in how else "outside the model's folder"
+    with pytest.raises(ModelError, match=f"conv.onnx: external tensor data .* lies {why}"):
+        load_model(path)
+
+
 def test_tflite_model(tmp_path: Path) -> None:
     rng = np.random.default_rng(1)
     path = tmp_path / "fc.tflite"
