@@ -10,8 +10,14 @@ import os as _os
 # AutoTVM would try to download TopHub configs during extraction; this machine has no internet.
 _os.environ.setdefault("TOPHUB_LOCATION", "NONE")
 
-from . import ansor, autotvm, meta_schedule
-from .api import extract, extract_models, tune
+# _memoize first: it must act before anything imports tvm.topi.
+from . import (
+    _memoize,  # noqa: F401
+    ansor,
+    autotvm,
+    meta_schedule,
+)
+from .api import extract, extract_models
 from .dropin import install, installed, uninstall
 from .errors import (
     DependencyError,
@@ -21,11 +27,14 @@ from .errors import (
     SkippedTaskWarning,
     TargetError,
     TuningError,
+    TuningInterrupted,
+    UsageError,
 )
 from .export import load_tasks
 from .extract import Task, extract_tasks
 from .inputs import host_target
 from .loaders import load_model
+from .tuning import tune
 
 __all__ = [
     "DependencyError",
@@ -36,6 +45,8 @@ __all__ = [
     "TargetError",
     "Task",
     "TuningError",
+    "TuningInterrupted",
+    "UsageError",
     "ansor",
     "autotvm",
     "extract",

@@ -1,16 +1,13 @@
-"""The tuner-neutral front door: one function per CLI verb (``extract``, ``tune``)."""
+"""The tuner-neutral front door to extraction: one model or several, any tuner."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from .adapters import Adapter, TunerTask, get_adapter
-from .adapters.base import Runner
 from .adapters.progress import progress
-from .errors import ModelError
 from .inputs import ParamsLike, TargetLike, as_target, host_target
 
 
@@ -77,50 +74,3 @@ def _merged(adapter: Adapter, tasks: list[TunerTask]) -> TunerTask:
         native=adapter.merge(tasks),
         models=models,
     )
-
-
-def tune(
-    tasks: Sequence[TunerTask],
-    target: TargetLike,
-    *,
-    tuner: str | Adapter,
-    trials: int,
-    work_dir: str | Path,
-    rpc_tracker: str | None = None,
-    rpc_key: str | None = None,
-    timeout: float = 20.0,
-) -> int:
-    """Tune tasks with their tuner, logging to ``work_dir``; returns the measurements logged.
-
-    The log (AutoTVM ``autotvm.log``, Ansor ``ansor.json``, MetaSchedule's JSON database) is
-    the resume point: running again with the same ``work_dir`` keeps every finished measurement
-    and spends only the trials still missing. ``rpc_tracker`` (``host:port``) and ``rpc_key``
-    measure on devices behind a TVM RPC tracker instead of this machine.
-    """
-    if trials < 1:
-        raise ModelError(f"trials must be at least 1, got {trials}")
-    if not tasks:
-        raise ModelError("there are no tasks to tune (the model has no tunable operator)")
-    adapter = get_adapter(tuner)
-    folder = Path(work_dir)
-    folder.mkdir(parents=True, exist_ok=True)
-    runner = Runner(parse_tracker(rpc_tracker, rpc_key), rpc_key, timeout)
-    from .errors import TuningError, describe_failure
-
-    try:
-        return adapter.tune(tasks, as_target(target), trials, folder, runner)
-    except (OSError, RuntimeError) as err:
-        raise TuningError(f"{adapter.name} tuning failed: {describe_failure(err)}") from err
-
-
-def parse_tracker(address: str | None, key: str | None) -> tuple[str, int] | None:
-    if address is None:
-        if key is not None:
-            raise ModelError("--rpc-key needs --rpc-tracker HOST:PORT")
-        return None
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit() or key is None:
-        raise ModelError(
-            f"cannot use RPC tracker {address!r}: give --rpc-tracker HOST:PORT and --rpc-key KEY"
-        )
-    return host, int(port)

@@ -7,6 +7,7 @@ Every error is one line on stderr and an exit code named by its class, never a t
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import time
 import warnings
@@ -14,13 +15,19 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .adapters import ADAPTERS, TunerTask
+from .adapters import ADAPTERS, TunerTask, get_adapter
 from .adapters.meta_schedule import MODULE_EQUALITIES
-from .errors import ModelError, RelayTasksError, SkippedTaskWarning
+from .errors import (
+    ModelError,
+    RelayTasksError,
+    SkippedTaskWarning,
+    TuningInterrupted,
+    UsageError,
+)
 from .loaders import FORMATS
 from .loaders.zoo import DEFAULT_MODEL, MODELS
 
-EXIT_USAGE = 2
+EXIT_USAGE = UsageError.exit_code  # argparse's own errors exit 2 too
 EXIT_INTERNAL = 70
 
 
@@ -53,18 +60,46 @@ def build_parser() -> argparse.ArgumentParser:
         "tune",
         help="tune the tasks of models or of a task file",
         description="Tune the tasks of models, or of a task file written by extract --format json. "
-        "Logs go to --work-dir; running again resumes from them.",
+        "Records go to --work-dir (TVM's output to its tune.log); running again resumes.",
     )
     tune.add_argument("models", nargs="+", metavar="MODEL|TASKS.json")
     _model_options(tune)
     _tuner_options(tune)
-    tune.add_argument("--trials", type=int, default=64, help="measurements in all (default 64)")
-    tune.add_argument("--work-dir", required=True, help="tuning logs; reused to resume")
     tune.add_argument(
-        "--rpc-tracker", metavar="HOST:PORT", help="measure on devices behind a tracker"
+        "--trials", type=int, default=64, help="valid measurements in all (default 64)"
     )
-    tune.add_argument("--rpc-key", metavar="KEY", help="the device key registered at the tracker")
+    _work_dir_option(tune)
+    _rpc_options(tune)
     tune.add_argument("--timeout", type=float, default=20.0, help="seconds per measurement")
+
+    status = verbs.add_parser(
+        "status",
+        help="where tuning stands: per task and the model's estimated latency",
+        description="Per task: weight, GFLOP, trials, valid and failed measurements, best latency "
+        "and share; then the model latency estimated from the best records. Without MODEL, the "
+        "tasks of the last tune in the work dir.",
+    )
+    status.add_argument("models", nargs="*", metavar="MODEL")
+    _model_options(status)
+    _work_dir_option(status)
+    status.add_argument("--plot", metavar="FILE.png", help="also draw the progress and shares")
+
+    build = verbs.add_parser(
+        "compile",
+        help="build a model with the records of a work dir and export the library",
+        description="Build MODEL with the tuned records in --work-dir (of the tuner and target "
+        "it was tuned for), after saying which of its tasks the records cover.",
+    )
+    build.add_argument("models", nargs=1, metavar="MODEL")
+    _model_options(build)
+    _work_dir_option(build)
+    build.add_argument("-o", "--output", required=True, help="the library to write (.tar or .so)")
+    build.add_argument(
+        "--benchmark",
+        action="store_true",
+        help="also build it untuned, run both and print their latencies",
+    )
+    _rpc_options(build)
 
     serve = verbs.add_parser(
         "serve",
@@ -84,14 +119,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _work_dir_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--work-dir", required=True, help="the tuning records (resumed from)")
+
+
+def _rpc_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--rpc-tracker", metavar="HOST:PORT", help="measure on devices behind a tracker"
+    )
+    parser.add_argument("--rpc-key", metavar="KEY", help="the device key registered at the tracker")
+
+
 def _model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model-format", choices=FORMATS, help="instead of guessing from the suffix"
     )
     parser.add_argument(
         "--input-shapes",
+        action="append",
         help="tvmc's spelling, with an optional dtype: 'data:[1,3,224,224] ids:[1,128]:int64'; "
-        "required for PyTorch models (one per input, in input order)",
+        "required for PyTorch models (one per input, in input order); once for all models, or "
+        "once per model in order",
     )
     parser.add_argument(
         "--params", help="params file (relay.save_param_dict) for a Relay text model"
@@ -114,7 +162,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with warnings.catch_warnings():
             warnings.showwarning = _one_line_warning
-            return {"extract": _extract, "tune": _tune, "serve": _serve}[args.verb](args)
+            verb = {"extract": _extract, "tune": _tune, "status": _status_verb,
+                    "compile": _compile, "serve": _serve}[args.verb]  # fmt: skip
+            return verb(args)
+    except TuningInterrupted as err:
+        print(f"relay-tasks: interrupted: {err}", file=sys.stderr)
+        return err.exit_code
     except RelayTasksError as err:
         print(f"relay-tasks: error: {err}", file=sys.stderr)
         return err.exit_code
@@ -134,7 +187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _options(args: argparse.Namespace) -> dict[str, Any]:
     if args.module_equality:
         if args.tuner != "meta_schedule":
-            raise ModelError("--module-equality applies to --tuner meta_schedule only")
+            raise UsageError("--module-equality applies to --tuner meta_schedule only")
         return {"module_equality": args.module_equality}
     return {}
 
@@ -145,26 +198,30 @@ def _target(args: argparse.Namespace) -> Any:
     return as_target(args.target) if args.target else host_target()
 
 
-def _tasks_of_models(args: argparse.Namespace, sources: Sequence[str]) -> list[TunerTask]:
-    from .api import extract_models
+def _loaded_models(args: argparse.Namespace, sources: Sequence[str]) -> list[tuple[str, Any, Any]]:
+    """(name, module, params) per model; ``--input-shapes`` once for all or once per model."""
     from .loaders import load_model, parse_shapes
 
-    shapes, dtypes = parse_shapes(args.input_shapes) if args.input_shapes else (None, None)
+    given = args.input_shapes or []
+    if len(given) not in (0, 1, len(sources)):
+        raise UsageError(f"--input-shapes given {len(given)} times for {len(sources)} models: "
+                         "give it once (for every model) or once per model, in order")  # fmt: skip
+    specs = given * len(sources) if len(given) == 1 else given or [None] * len(sources)
     if args.params and len(sources) > 1:
-        raise ModelError("--params names the weights of one Relay model; give one model with it")
-    models = [
-        (
-            source,
-            *load_model(
-                source,
-                params=args.params,
-                model_format=args.model_format,
-                shapes=shapes,
-                dtypes=dtypes,
-            ),
-        )
-        for source in sources
-    ]
+        raise UsageError("--params names the weights of one Relay model; give one model with it")
+    models = []
+    for source, spec in zip(sources, specs, strict=True):
+        shapes, dtypes = parse_shapes(spec) if spec else (None, None)
+        mod, params = load_model(source, params=args.params, model_format=args.model_format,
+                                 shapes=shapes, dtypes=dtypes)  # fmt: skip
+        models.append((source, mod, params))
+    return models
+
+
+def _tasks_of_models(args: argparse.Namespace, sources: Sequence[str]) -> list[TunerTask]:
+    from .api import extract_models
+
+    models = _loaded_models(args, sources)
     return extract_models(models, _target(args), tuner=args.tuner, **_options(args))
 
 
@@ -178,29 +235,31 @@ def _extract(args: argparse.Namespace) -> int:
         document = tasks_document(tasks, tuner=args.tuner, target=_target(args), models=args.models)
         text = dumps(document)
     else:
-        text = format_table(tasks, several=len(args.models) > 1)
+        flops = [get_adapter(args.tuner).flops(t.native) for t in tasks]
+        text = format_table(tasks, flops, several=len(args.models) > 1)
     _write(text + "\n", args.output)
     return 0
 
 
 def _tune(args: argparse.Namespace) -> int:
-    from .api import tune
     from .export import load_tasks
+    from .tuning import tune
+    from .tuning.status import format_status, task_flops
 
     task_files = [m for m in args.models if m.endswith(".json")]
     if task_files:
         if len(args.models) > 1:
-            raise ModelError("give either one task file or model files, not both")
+            raise UsageError("give either one task file or model files, not both")
         loaded = load_tasks(task_files[0])
         if args.target or args.tuner != loaded.tuner:
-            raise ModelError(
+            raise UsageError(
                 f"{task_files[0]} holds {loaded.tuner} tasks for {loaded.target}; "
                 "drop --target and use --tuner " + loaded.tuner
             )
         tasks, target = loaded.tasks, loaded.target
     else:
         tasks, target = _tasks_of_models(args, args.models), _target(args)
-    logged = tune(
+    now = tune(
         tasks,
         target,
         tuner=args.tuner,
@@ -210,20 +269,84 @@ def _tune(args: argparse.Namespace) -> int:
         rpc_key=args.rpc_key,
         timeout=args.timeout,
     )
-    print(f"{len(tasks)} tasks, {logged} measurements logged in {Path(args.work_dir)}")
+    print(format_status(now, task_flops(get_adapter(args.tuner), tasks)))
+    _status(f"records in {args.work_dir}; next: relay-tasks status / relay-tasks compile")
     return 0
 
 
+def _status_verb(args: argparse.Namespace) -> int:
+    from .export import load_tasks
+    from .tuning import standing
+    from .tuning.compile import plan
+    from .tuning.status import format_status, plot, task_flops
+    from .tuning.tune import TASKS_FILE, work_folder
+
+    folder = Path(args.work_dir)
+    if not (folder / TASKS_FILE).is_file():
+        raise UsageError(f"{folder} is not a relay-tasks work dir (no {TASKS_FILE})")
+    folder = work_folder(folder)
+    if args.models:
+        models = _loaded_models(args, args.models)
+        tasks = [t for _, mod, params in models for t in plan(mod, params, folder).tasks]
+        tasks = list({t.key: t for t in tasks}.values())
+        adapter = get_adapter(load_tasks(folder / TASKS_FILE).tuner)
+    else:
+        loaded = load_tasks(folder / TASKS_FILE)
+        adapter, tasks = get_adapter(loaded.tuner), loaded.tasks
+    records = adapter.measurements(tasks, folder)
+    now = standing(tasks, records)
+    print(format_status(now, task_flops(adapter, tasks)))
+    if args.plot:
+        plot(args.plot, now, records)
+    return 0
+
+
+def _compile(args: argparse.Namespace) -> int:
+    from .tuning import compile as building
+    from .tuning.tune import parse_tracker
+
+    tracker = parse_tracker(args.rpc_tracker, args.rpc_key)
+    if tracker and not args.benchmark:
+        raise UsageError("--rpc-tracker applies to --benchmark only")
+    ((source, mod, params),) = _loaded_models(args, args.models)
+    chosen = building.plan(mod, params, args.work_dir)
+    print(f"relay-tasks: {chosen.describe()}", file=sys.stderr)
+    factory = building.build(mod, params, args.work_dir, chosen)
+    path = building.export(factory, args.output)
+    print(f"{source}: {len(chosen.tuned)}/{len(chosen.tasks)} tasks tuned, library in {path}")
+    if args.benchmark:
+        remote = _remote(tracker, args.rpc_key) if tracker else None
+        inputs = building.random_inputs(mod, params)
+        tuned = building.run(factory, inputs, remote=remote)
+        untuned = building.run(building.build_untuned(mod, params, chosen.target), inputs,
+                               remote=remote)  # fmt: skip
+        print(building.summary(tuned, untuned))
+    return 0
+
+
+def _remote(tracker: tuple[str, int], key: str) -> Any:
+    from tvm import rpc
+
+    from .errors import TuningError
+
+    try:
+        return rpc.connect_tracker(*tracker).request(key, session_timeout=120)
+    except Exception as err:
+        raise TuningError(f"no device {key!r} at tracker {tracker[0]}:{tracker[1]}: {err}") from err
+
+
 def _serve(args: argparse.Namespace) -> int:
-    from .api import parse_tracker
     from .rpc import start_server
+    from .tuning.tune import parse_tracker
 
     tracker = parse_tracker(args.tracker, args.key)
     if tracker is None:  # pragma: no cover - argparse requires --tracker
-        raise ModelError("serve needs --tracker HOST:PORT")
+        raise UsageError("serve needs --tracker HOST:PORT")
     server = start_server(tracker, args.key, host=args.host, port=args.port)
     print(f"serving as {args.key!r} at {args.host}:{server.port} for tracker "
           f"{args.tracker} (Ctrl-C stops)", file=sys.stderr)  # fmt: skip
+    # SIGTERM ends the server child too (by default it would leave it running, orphaned).
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     try:
         while True:
             time.sleep(3600)
@@ -231,18 +354,24 @@ def _serve(args: argparse.Namespace) -> int:
         server.terminate()
 
 
-def format_table(tasks: list[TunerTask], *, several: bool = False) -> str:
-    """Index, task name, weight and anchor op, one task a row (and the models, for several)."""
-    header = ("#", "task", "weight", "anchor op") + (("models",) if several else ())
+def format_table(tasks: list[TunerTask], flops: Sequence[float], *, several: bool = False) -> str:
+    """Per task: index, name, weight, GFLOP per call, share of the model's FLOPs (weight x
+    GFLOP), anchor op, and the models that use it when there are several."""
+    total = sum(t.weight * f for t, f in zip(tasks, flops, strict=True))
+    header = ("#", "task", "weight", "GFLOP", "share", "anchor op") + (
+        ("models",) if several else ()
+    )
     rows = [header]
-    for i, t in enumerate(tasks):
-        row = (str(i), t.name, str(t.weight), t.anchor_op)
+    for i, (t, f) in enumerate(zip(tasks, flops, strict=True)):
+        share = f"{t.weight * f / total:.1%}" if total else "-"
+        row = (str(i), t.name, str(t.weight), f"{f / 1e9:.4g}", share, t.anchor_op)
         rows.append(row + ((",".join(t.models),) if several else ()))
-    widths = [max(len(r[c]) for r in rows) for c in range(len(header) - 1)]
+    widths = [max(len(r[c]) for r in rows) for c in range(len(header))]
+    left = {1, 5}  # names read better left-aligned, numbers right-aligned
     lines = []
     for r in rows:
-        cells = [f"{r[0]:>{widths[0]}}", f"{r[1]:<{widths[1]}}", f"{r[2]:>{widths[2]}}"]
-        cells += [f"{r[3]:<{widths[3]}}" if several else r[3], *r[4:]]
+        cells = [cell.ljust(widths[c]) if c in left else cell.rjust(widths[c])
+                 for c, cell in enumerate(r)]  # fmt: skip
         lines.append("  ".join(cells).rstrip())
     return "\n".join(lines)
 

@@ -47,6 +47,20 @@ class TuningError(RelayTasksError, RuntimeError):
     exit_code = 7
 
 
+class UsageError(RelayTasksError, ValueError):
+    """The command or call is wrong in itself: a flag combination, a count, a kind of path."""
+
+    exit_code = 2
+
+
+class TuningInterrupted(RelayTasksError):
+    """SIGINT or SIGTERM stopped a tune; what was measured is on disk and the tune resumes."""
+
+    def __init__(self, message: str, signum: int) -> None:
+        super().__init__(message)
+        self.exit_code = 128 + signum
+
+
 class SkippedTaskWarning(UserWarning):
     """A primitive function was left out: its tuner cannot make a task of it (a dynamic shape)."""
 
@@ -55,11 +69,17 @@ def describe_failure(err: BaseException) -> str:
     """One line for an error TVM raised: the last line of its message (TVM's C++ errors carry a
     whole backtrace before it), or where it was raised when it has no message (bare asserts in
     TOPI strategies)."""
-    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-    if lines:
-        return lines[-1]
+    text = describe_text(str(err))
+    if text:
+        return text
     frames = traceback.extract_tb(err.__traceback__)
     if not frames:
         return type(err).__name__
     last = frames[-1]
     return f"{type(err).__name__} in {last.name} ({Path(last.filename).name}:{last.lineno})"
+
+
+def describe_text(text: str) -> str:
+    """The last non-empty line of an error text (where TVM puts the message after a backtrace)."""
+    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+    return lines[-1] if lines else ""

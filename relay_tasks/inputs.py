@@ -8,6 +8,8 @@ names the fix instead of deep inside a C++ pass.
 
 from __future__ import annotations
 
+import difflib
+import functools
 import platform
 from collections.abc import Mapping
 from typing import Any
@@ -88,7 +90,7 @@ def as_target(target: object) -> Target:
             "e.g. 'llvm -mtriple=x86_64-linux-gnu -mcpu=skylake' or 'cuda'"
         )
     try:
-        return Target(target)
+        parsed = Target(target)
     except (ValueError, tvm.TVMError) as err:
         kind = target.split()[0] if target.split() else target
         known = ", ".join(sorted(Target.list_kinds()))
@@ -96,6 +98,57 @@ def as_target(target: object) -> Target:
             f"unknown or malformed target {target!r} (kind {kind!r}); "
             f"use one of the target kinds {known}, e.g. 'llvm -mcpu=skylake' or 'cuda'"
         ) from err
+    _check_cpu(parsed)
+    return parsed
+
+
+def _check_cpu(target: Target) -> None:
+    """LLVM takes any ``-mcpu`` and only warns when it generates code: a typo would tune and
+    build for a generic CPU. Check it against the CPUs LLVM knows for the target's triple."""
+    cpu = str(target.attrs.get("mcpu", "")) if target.kind.name == "llvm" else ""
+    if not cpu:
+        return
+    triple = str(target.attrs.get("mtriple", ""))
+    known = _llvm_cpus(triple)
+    if known and cpu not in known:
+        close = difflib.get_close_matches(cpu, known, n=4)
+        hint = f"did you mean {', '.join(close)}? " if close else ""
+        where = triple or "the default triple (riscv64 in hhb-tvm: give -mtriple=...)"
+        raise TargetError(
+            f"-mcpu={cpu} is not a CPU LLVM knows for {where}; {hint}"
+            f"the {len(known)} it knows include {', '.join(known[:12])} ..."
+        )
+
+
+@functools.lru_cache(maxsize=16)
+def _llvm_cpus(triple: str) -> tuple[str, ...]:
+    """The CPU names LLVM accepts for a triple (empty if this TVM cannot say)."""
+    archlist = tvm.get_global_func("target.llvm_get_cpu_archlist", True)
+    if archlist is None:
+        return ()
+    probe = Target(f"llvm -mtriple={triple}" if triple else "llvm")
+    try:
+        return tuple(str(name) for name in archlist(probe))
+    except tvm.TVMError:
+        return ()
+
+
+def _check_param_type(var: Any, value: tvm.nd.NDArray) -> None:
+    """A param must fit the type ``main`` declares for it, or binding it fails deep in the type
+    checker; say which param, and both shapes, here."""
+    declared = var.type_annotation
+    if not isinstance(declared, tvm.ir.TensorType):
+        return
+    want = [int(d) if isinstance(d, tvm.tir.IntImm) else None for d in declared.shape]
+    got = [int(d) for d in value.shape]
+    fits = len(want) == len(got) and all(w in (None, g) for w, g in zip(want, got, strict=True))
+    if not fits or declared.dtype != value.dtype:
+        shown = "x".join("?" if w is None else str(w) for w in want) or "scalar"
+        raise ModelError(
+            f"param {var.name_hint!r} is {'x'.join(map(str, got)) or 'scalar'} {value.dtype}, "
+            f"but main declares {var.name_hint!r} as {shown} {declared.dtype}; "
+            "pass the weights this model was built with"
+        )
 
 
 def as_params(params: object, mod: IRModule) -> dict[str, tvm.nd.NDArray]:
@@ -136,6 +189,9 @@ def as_params(params: object, mod: IRModule) -> dict[str, tvm.nd.NDArray]:
             f"main's parameters are: {free or '(none)'}; check the names, or drop params "
             "that belong to another model"
         )
+    for var in main.params:
+        if var.name_hint in converted:
+            _check_param_type(var, converted[var.name_hint])
     repeated = sorted({n for n in var_names if var_names.count(n) > 1} & set(converted))
     if repeated:
         raise ModelError(

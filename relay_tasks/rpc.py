@@ -40,16 +40,22 @@ def start_server(
     """Start an RPC server registered at ``tracker`` under ``key``; returns ``tvm.rpc.Server``.
 
     It listens on ``host`` only: it runs whatever a client uploads, so reaching it from other
-    machines is the caller's explicit choice.
+    machines is the caller's explicit choice. It takes the first free port from ``port`` on; TVM
+    binds before it listens, so a port another process takes in between fails the start, which
+    is retried from the next hundred ports.
     """
     from tvm.rpc.server import Server
 
-    return Server(
-        host=host,
-        port=port,
-        port_end=port + 100,
-        key=key,
-        tracker_addr=tracker,
-        silent=True,
-        server_init_callback=fix_load_module,
-    )
+    for attempt in range(ATTEMPTS):
+        first = port + 100 * attempt
+        try:
+            return Server(host=host, port=first, port_end=first + 100, key=key,
+                          tracker_addr=tracker, silent=True,
+                          server_init_callback=fix_load_module)  # fmt: skip
+        except OSError as err:
+            if "Address already in use" not in str(err) or attempt == ATTEMPTS - 1:
+                raise
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+ATTEMPTS = 5

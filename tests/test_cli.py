@@ -11,15 +11,17 @@ import tvm
 from tvm import relay
 
 from relay_tasks.cli import EXIT_USAGE, build_parser, main
-from relay_tasks.errors import ModelError, TargetError
+from relay_tasks.errors import ModelError, TargetError, UsageError
+from relay_tasks.loaders import load_model
 
 import oracles
 from zoo import CUDA, X86
 
-FIELDS = {"index", "name", "weight", "anchor_op", "key", "models", "payload"}
+FIELDS = {"index", "name", "weight", "anchor_op", "gflop", "key", "models", "payload"}
+# dense of 1x8 by 4x8 is 2*1*4*8 = 64 FLOPs (a multiply and an add each), bias 4, relu 4: 72.
 TINY_TABLE = """\
-#  task                        weight  anchor op
-0  fused_nn_dense_add_nn_relu       1  nn.dense
+#  task                        weight    GFLOP   share  anchor op
+0  fused_nn_dense_add_nn_relu       1  7.2e-08  100.0%  nn.dense
 """
 
 
@@ -157,6 +159,66 @@ def _bad_params(tmp_path: Path) -> list[str]:
             ModelError.exit_code,
             "/nonexistent/dir/out.txt: cannot write the output file",
         ),
+        (
+            ["extract", "resnet-18", "--target", "llvm -mtriple=x86_64-linux-gnu -mcpu=skylak"],
+            TargetError.exit_code,
+            "-mcpu=skylak is not a CPU LLVM knows for x86_64-linux-gnu; did you mean skylake",
+        ),
+        (
+            ["tune", "{tiny}", "--work-dir", "{file}", "--target", X86],
+            UsageError.exit_code,
+            "is a file; give a directory",
+        ),
+        (
+            ["tune", "{tiny}", "--work-dir", "w", "--trials", "0"],
+            UsageError.exit_code,
+            "trials must be a whole number of at least 1, got 0",
+        ),
+        (
+            ["tune", "{tiny}", "--work-dir", "w", "--rpc-tracker", "localhost"],
+            UsageError.exit_code,
+            "cannot use RPC tracker 'localhost': give --rpc-tracker HOST:PORT and --rpc-key KEY",
+        ),
+        (
+            ["tune", "{tiny}", "--work-dir", "w", "--rpc-key", "k"],
+            UsageError.exit_code,
+            "--rpc-key needs --rpc-tracker HOST:PORT",
+        ),
+        (
+            ["extract", "{tiny}", "--input-shapes", "data:[1,x]"],
+            UsageError.exit_code,
+            "input shape for 'data' must be integers, got [1,x]",
+        ),
+        (
+            ["extract", "{tiny}", "--input-shapes", "data=1,8"],
+            UsageError.exit_code,
+            "cannot read input shapes 'data=1,8'; write them as name:[d0,d1,...]",
+        ),
+        (
+            [
+                "extract",
+                "{tiny}",
+                "resnet-18",
+                "--input-shapes",
+                "a:[1]",
+                "--input-shapes",
+                "b:[1]",
+                "--input-shapes",
+                "c:[1]",
+            ],
+            UsageError.exit_code,
+            "--input-shapes given 3 times for 2 models",
+        ),
+        (
+            ["extract", "{tiny}", "--input-shapes", "image:[1,8]"],
+            ModelError.exit_code,
+            "tiny.relay: no input named image; the inputs are data, w, b",
+        ),
+        (
+            ["extract", "{tiny}", "--tuner", "autotvm", "--module-equality", "anchor-block"],
+            UsageError.exit_code,
+            "--module-equality applies to --tuner meta_schedule only",
+        ),
     ],
     ids=[
         "unknown-model",
@@ -165,15 +227,30 @@ def _bad_params(tmp_path: Path) -> list[str]:
         "bad-params-file",
         "params-for-zoo",
         "unwritable-output",
+        "unknown-cpu",
+        "work-dir-is-a-file",
+        "zero-trials",
+        "tracker-without-port",
+        "key-without-tracker",
+        "shape-not-integers",
+        "shape-syntax",
+        "shapes-per-model-count",
+        "shape-for-no-input",
+        "module-equality-for-autotvm",
     ],
 )
-def test_errors_are_one_line_and_an_exit_code(argv, code, message, tiny_model, tmp_path, capsys):
+def test_errors_are_one_line_and_an_exit_code(
+    argv, code, message, tiny_model, tmp_path, capsys, monkeypatch
+):
     text, _ = tiny_model
     fill = {
         "{bad_text}": [str(_bad_text(tmp_path))],
         "{tiny}": [str(text)],
         "{bad_params}": _bad_params(tmp_path),
+        "{file}": [str(tmp_path / "a-file")],
     }
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.chdir(tmp_path)
     args = [a for arg in argv for a in fill.get(arg, [arg])]
     assert main(args) == code
     out, err = capsys.readouterr()
@@ -229,12 +306,6 @@ def test_every_tuner_gives_the_same_json_shape(tuner: str, target: str, capsys) 
         assert [t["weight"] for t in document["tasks"]] == weights
 
 
-def test_module_equality_is_for_meta_schedule_only(capsys) -> None:
-    argv = ["extract", "resnet-18", "--tuner", "autotvm", "--module-equality", "anchor-block"]
-    assert main(argv) == ModelError.exit_code
-    assert "--module-equality applies to --tuner meta_schedule only" in capsys.readouterr().err
-
-
 @pytest.mark.parametrize(
     ("tuner", "code", "message"),
     [
@@ -276,3 +347,27 @@ def test_serve_listens_on_this_machine_only_unless_told() -> None:
         "0.0.0.0"
     )
     assert inspect.signature(start_server).parameters["host"].default == "127.0.0.1"
+
+
+def test_params_of_the_wrong_shape_name_the_param_and_both_shapes(tiny_model, tmp_path, capsys):
+    text, _ = tiny_model
+    params = tmp_path / "wrong.params"
+    params.write_bytes(relay.save_param_dict({"w": tvm.nd.array(np.zeros((8, 4), "float32"))}))
+    assert main(["extract", str(text), "--params", str(params), "--target", X86]) == 3
+    assert capsys.readouterr().err.strip() == (
+        "relay-tasks: error: param 'w' is 8x4 float32, but main declares 'w' as 4x8 float32; "
+        "pass the weights this model was built with"
+    )
+
+
+def test_input_shapes_retype_a_relay_text_model_and_apply_per_model(tiny_model, capsys) -> None:
+    """Batch 3 instead of 1: the model's input follows; one spec per model, in order."""
+    text, params = tiny_model
+    mod, _ = load_model(text, params=params, shapes={"data": [3, 8]})
+    assert [int(d) for d in mod["main"].params[0].checked_type.shape] == [3, 8]
+    assert [int(d) for d in mod["main"].checked_type.ret_type.shape] == [3, 4]
+    base = ["extract", str(text), str(text), "--target", X86, "--format", "json"]
+    assert main([*base, "--input-shapes", "data:[3,8]"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["tasks"]) == 1  # the same task, merged
+    assert main([*base, "--input-shapes", "data:[3,8]", "--input-shapes", "data:[5,8]"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["tasks"]) == 2  # batch 3 and batch 5

@@ -7,6 +7,8 @@ slip in unnoticed.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -81,3 +83,24 @@ def test_no_module_of_the_package_can_run_code_from_data() -> None:
     }
     assert len(report) > 20
     assert {name: found for name, found in report.items() if found} == {}
+
+
+def test_tvms_pickle_cache_in_the_current_directory_is_never_read(tmp_path: Path) -> None:
+    """``import tvm.relay`` unpickles ``.pkl_memoize_py3/...`` from the current directory
+    (TVM's winograd memoization); with relay-tasks imported first, nothing there is read."""
+    cache = tmp_path / ".pkl_memoize_py3"
+    cache.mkdir()
+    marker = tmp_path / "ran"
+    payload = (
+        "import os, pickle\n"
+        "class P:\n"
+        f"    def __reduce__(self): return (os.system, ('touch {marker}',))\n"
+        "pickle.dump(P(), open('.pkl_memoize_py3/"
+        "topi.nn.winograd_matrices.winograd_transform_matrices.pkl', 'wb'))\n"
+    )
+    run = lambda code: subprocess.run([sys.executable, "-c", code], cwd=tmp_path, check=True)  # noqa: E731
+    run(payload)
+    run("import relay_tasks, tvm.relay, tvm.topi.nn.winograd_util")
+    assert not marker.exists()
+    run("import tvm.relay")  # the file is live: TVM alone runs it
+    assert marker.exists()

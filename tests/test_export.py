@@ -20,7 +20,7 @@ from tvm import auto_scheduler, relay, te
 from tvm import meta_schedule as ms
 
 import relay_tasks
-from relay_tasks.adapters import TunerTask, get_adapter
+from relay_tasks.adapters import get_adapter
 from relay_tasks.cli import main
 from relay_tasks.export import TaskFile, dumps, load_tasks, tasks_document
 
@@ -190,29 +190,35 @@ def _calls_system() -> tuple[te.Tensor, te.Tensor]:
     return data, te.compute((4,), lambda i: data[i] + call, name="B")
 
 
+def _smuggled(text: str, tuner: str, native: Any) -> dict[str, Any]:
+    """A real task file whose first task is replaced by ``native``, keys and checksum redone,
+    as a tool (or an attacker) that knows the format would write it."""
+    document = json.loads(text)
+    adapter = get_adapter(tuner)
+    entry = document["tasks"][0]
+    entry["payload"], entry["key"] = adapter.encode(native), adapter.key(native)
+    return _sealed(document)
+
+
 def test_tir_that_calls_out_by_name_is_refused(task_texts: dict[str, str], tmp_path) -> None:
     """Tuning compiles and runs a task: a file must not be able to pick native code to call."""
     target = tvm.target.Target(X86)
     func = te.create_prim_func(list(_calls_system())).with_attr("global_symbol", "main")
     relay_mod = load_tasks(_file(tmp_path, task_texts["meta_schedule"])).tasks[0].native.mod
     evil = ms.ExtractedTask("evil", relay_mod, target, [tvm.IRModule({"main": func})], 1)
-    adapter = get_adapter("meta_schedule")
-    task = TunerTask("evil", 1, "", adapter.key(evil), evil)
-    document = tasks_document([task], tuner="meta_schedule", target=target, models=[])
+    document = _smuggled(task_texts["meta_schedule"], "meta_schedule", evil)
     with pytest.raises(relay_tasks.ModelError, match=r"calls functions by name \(tir.call_extern"):
         load_tasks(_file(tmp_path, document))
 
 
-def test_ansor_compute_that_calls_out_by_name_is_refused(tmp_path: Path) -> None:
+def test_ansor_compute_that_calls_out_by_name_is_refused(task_texts, tmp_path: Path) -> None:
     target = tvm.target.Target(X86)
     tensors = list(_calls_system())
     key = auto_scheduler.ComputeDAG(tensors).workload_key()
     auto_scheduler.workload_registry.register_workload_tensors(key, tensors)
     hardware = auto_scheduler.HardwareParams(num_cores=1, target=target)
     evil = auto_scheduler.SearchTask(workload_key=key, target=target, hardware_params=hardware)
-    adapter = get_adapter("ansor")
-    task = TunerTask("evil", 1, "", adapter.key(evil), evil)
-    document = tasks_document([task], tuner="ansor", target=target, models=[])
+    document = _smuggled(task_texts["ansor"], "ansor", evil)
     with pytest.raises(relay_tasks.ModelError, match=r"calls functions by name \(tir.call_extern"):
         load_tasks(_file(tmp_path, document))
 

@@ -28,7 +28,7 @@ from tvm.ir.supply import NameSupply
 from tvm.target import Target
 
 from ..cxx import hash_combine, std_hash_string, unordered_map_order
-from ..errors import ModelError, TargetError
+from ..errors import ModelError, TargetError, describe_text
 from ..extract import (
     Task,
     in_call_order,
@@ -42,6 +42,7 @@ from ..lower import flatten_tuple_type, lower_to_te
 from ..pipeline import PassSettings, extraction_scope
 from .base import (
     Adapter,
+    Measurement,
     Runner,
     TunerTask,
     compact_json,
@@ -165,37 +166,78 @@ def merge(tasks: Sequence[TunerTask]) -> auto_scheduler.SearchTask:
 
 def tune(
     tasks: Sequence[TunerTask], target: Target, trials: int, work_dir: Path, runner: Runner
-) -> int:
-    """Ansor's task scheduler over the tasks (by weight); a rerun continues from the log."""
+) -> None:
+    """Ansor's task scheduler (tasks by weight) until the log holds ``trials`` valid
+    measurements; the search effort scales down with the budget."""
     log = work_dir / "ansor.json"
-    done = _records(log)
-    budget = trials - done
-    if budget > 0:
-        scheduler = auto_scheduler.TaskScheduler(
-            [t.native for t in tasks],
-            [t.weight for t in tasks],
-            load_log_file=str(log) if done else None,
-            # Upstream's default writes total_latency.tsv into the current directory.
-            callbacks=[
-                auto_scheduler.task_scheduler.PrintTableInfo(),
-                auto_scheduler.task_scheduler.LogEstimatedLatency(
-                    str(work_dir / "total_latency.tsv")
-                ),
-            ],
-        )
-        scheduler.tune(
-            auto_scheduler.TuningOptions(
-                num_measure_trials=budget,
-                num_measures_per_round=min(64, budget),
-                runner=_runner(runner),
-                measure_callbacks=[auto_scheduler.RecordToFile(str(log))],
-            )
-        )
-    return _records(log)
+    budget = trials - sum(m.valid for m in measurements(tasks, work_dir))
+    if budget <= 0:
+        return
+    scheduler = auto_scheduler.TaskScheduler(
+        [t.native for t in tasks],
+        [t.weight for t in tasks],
+        load_log_file=str(log) if log.exists() else None,
+        # Upstream's default writes total_latency.tsv into the current directory.
+        callbacks=[
+            auto_scheduler.task_scheduler.PrintTableInfo(),
+            auto_scheduler.task_scheduler.LogEstimatedLatency(str(work_dir / "total_latency.tsv")),
+        ],
+    )
+    per_round = max(1, min(BATCH, budget // len(tasks)))
+    scheduler.tune(
+        auto_scheduler.TuningOptions(
+            # Ansor's scheduler measures every task before it weighs them: not fewer than that.
+            num_measure_trials=max(budget, len(tasks)),
+            num_measures_per_round=per_round,
+            runner=_runner(runner),
+            measure_callbacks=[auto_scheduler.RecordToFile(str(log))],
+        ),
+        search_policy_params=_search(budget),
+    )
 
 
-def _records(log: Path) -> int:
-    return sum(1 for _ in auto_scheduler.load_records(str(log))) if log.exists() else 0
+#: Most measurements per round: what an interrupt can lose.
+BATCH = 16
+
+
+def _search(budget: int) -> dict[str, Any]:
+    """Sketch-policy effort sized for the budget: upstream's population of 2048 bred over 4
+    generations costs minutes per round, wasted on a handful of trials."""
+    population = max(64, min(2048, 32 * budget))
+    return {
+        "evolutionary_search_population": population,
+        "evolutionary_search_num_iters": 4 if budget >= 64 else 2,
+        "sample_init_min_population": min(50, population // 2),
+    }
+
+
+def measurements(tasks: Sequence[TunerTask], work_dir: Path) -> list[Measurement]:
+    log = work_dir / "ansor.json"
+    if not log.exists():
+        return []
+    result = []
+    for inp, res in auto_scheduler.load_records(str(log)):
+        task_key = hashlib.sha256(inp.task.workload_key.encode()).hexdigest()[:16]
+        costs = [float(c) for c in res.costs]
+        if res.error_no == 0 and costs:
+            result.append(Measurement(task_key, sum(costs) / len(costs)))
+        else:
+            codes = vars(auto_scheduler.measure.MeasureErrorNo).items()
+            name = next((k for k, v in codes if v == int(res.error_no)), "ERROR")
+            cause = describe_text(str(res.error_msg))
+            result.append(Measurement(task_key, None, f"{name}: {cause}"[:300]))
+    return result
+
+
+def flops(task: auto_scheduler.SearchTask) -> float:
+    return float(task.compute_dag.flop_ct)
+
+
+def build(mod: Any, target: Target, params: Any, work_dir: Path) -> Any:
+    """``relay.build`` with the log's best states applied, as upstream's tutorial builds."""
+    records = auto_scheduler.ApplyHistoryBest(str(work_dir / "ansor.json"))
+    with records, tvm.transform.PassContext(opt_level=3, config=PASS_CONFIG):
+        return relay.build(mod, target=target, params=params)
 
 
 def _runner(runner: Runner) -> Any:
@@ -205,7 +247,7 @@ def _runner(runner: Runner) -> Any:
     return auto_scheduler.RPCRunner(runner.key, host, port, repeat=1, timeout=int(runner.timeout))
 
 
-ADAPTER = Adapter(NAME, extract, encode, decode, key, merge, tune)
+ADAPTER = Adapter(NAME, extract, encode, decode, key, merge, tune, measurements, flops, build)
 
 
 def default_hardware_params(target: Target) -> Any:

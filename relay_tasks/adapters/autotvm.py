@@ -21,12 +21,11 @@ from tvm.autotvm.task import TaskExtractEnv
 from tvm.autotvm.task.dispatcher import DispatchContext, FallbackContext
 from tvm.target import Target
 
-from ..errors import ModelError
+from ..errors import ModelError, describe_text
 from ..extract import Task, display_name, in_call_order, run_extraction, shape_text
 from ..inputs import ParamsLike, TargetLike, as_target
 from ..pipeline import PassSettings
-from .base import Adapter, Runner, TunerTask
-from .progress import progress
+from .base import Adapter, Measurement, Runner, TunerTask
 
 NAME = "autotvm"
 #: Upstream's extraction lowers with AlterOpLayout off: AutoTVM's templates expect that.
@@ -239,37 +238,90 @@ def merge(tasks: Sequence[TunerTask]) -> autotvm.task.Task:
 
 def tune(
     tasks: Sequence[TunerTask], target: Target, trials: int, work_dir: Path, runner: Runner
-) -> int:
-    """Tune each task with XGBTuner, ``trials`` split evenly; a rerun continues from the log."""
+) -> None:
+    """XGBTuner per task, until the log holds ``trials`` valid measurements in all: each task
+    gets ``trials // n`` and the first ``trials % n`` one more, capped by its config space (a
+    failed measurement does not count, so a rerun retries it)."""
     log = work_dir / "autotvm.log"
-    done: dict[Any, int] = {}
     history = list(autotvm.record.load_from_file(str(log))) if log.exists() else []
-    for inp, _ in history:
-        done[inp.task.workload] = done.get(inp.task.workload, 0) + 1
-    per_task = max(1, trials // max(1, len(tasks)))
-    measure = autotvm.measure_option(builder=autotvm.LocalBuilder(), runner=_runner(runner))
-    for row in progress(tasks, "tuning"):
-        task = autotvm.task.create(row.native.name, row.native.args, target=target)
-        remaining = min(per_task, len(task.config_space)) - done.get(task.workload, 0)
-        if remaining <= 0:
-            continue
-        tuner = autotvm.tuner.XGBTuner(task, loss_type="reg")
-        if history:
-            tuner.load_history(history, min_seed_records=1)
-        tuner.tune(
-            n_trial=remaining,
-            early_stopping=None,
-            measure_option=measure,
-            callbacks=[autotvm.callback.log_to_file(str(log))],
-        )
-    return sum(1 for _ in autotvm.record.load_from_file(str(log))) if log.exists() else 0
+    valid: dict[str, int] = {}
+    for m in measurements(tasks, work_dir):
+        valid[m.key] = valid.get(m.key, 0) + m.valid
+    shares = [trials // len(tasks) + (i < trials % len(tasks)) for i in range(len(tasks))]
+    with _measure_option(runner) as measure:
+        for row, share in zip(tasks, shares, strict=True):
+            task = autotvm.task.create(row.native.name, row.native.args, target=target)
+            remaining = min(share, len(task.config_space)) - valid.get(row.key, 0)
+            if remaining <= 0:
+                continue
+            tuner = autotvm.tuner.XGBTuner(task, loss_type="reg")
+            if history:
+                tuner.load_history(history, min_seed_records=1)
+            tuner.tune(
+                n_trial=remaining,
+                early_stopping=None,
+                measure_option=measure,
+                callbacks=[autotvm.callback.log_to_file(str(log))],
+            )
 
 
-def _runner(runner: Runner) -> Any:
-    if runner.tracker is None:
-        return autotvm.LocalRunner(number=1, repeat=1, timeout=runner.timeout)
-    host, port = runner.tracker
-    return autotvm.RPCRunner(runner.key, host, port, number=1, repeat=1, timeout=runner.timeout)
+@contextmanager
+def _measure_option(runner: Runner) -> Iterator[Any]:
+    """AutoTVM's LocalRunner measures through hhb-tvm's stock RPC server, which cannot load what
+    its client sends (every measurement fails): measure locally through a private tracker and
+    relay-tasks' fixed server instead."""
+    from tvm.rpc.tracker import Tracker
+
+    from ..rpc import start_server
+
+    options = {"number": 1, "repeat": 1, "timeout": runner.timeout}
+    if runner.tracker is not None:
+        host, port = runner.tracker
+        rpc = autotvm.RPCRunner(runner.key, host, port, **options)
+        yield autotvm.measure_option(builder=autotvm.LocalBuilder(), runner=rpc)
+        return
+    tracker = Tracker(host="127.0.0.1", port=9190, port_end=10000, silent=True)
+    key = "relay-tasks-local"
+    server = start_server(("127.0.0.1", tracker.port), key, port=9300)
+    try:
+        rpc = autotvm.RPCRunner(key, "127.0.0.1", tracker.port, **options)
+        yield autotvm.measure_option(builder=autotvm.LocalBuilder(), runner=rpc)
+    finally:
+        server.terminate()
+        tracker.terminate()
 
 
-ADAPTER = Adapter(NAME, extract, encode, decode, key, merge, tune)
+def measurements(tasks: Sequence[TunerTask], work_dir: Path) -> list[Measurement]:
+    log = work_dir / "autotvm.log"
+    if not log.exists():
+        return []
+    result = []
+    for inp, res in autotvm.record.load_from_file(str(log)):
+        if res.error_no == 0:
+            result.append(Measurement(key(inp.task), sum(res.costs) / len(res.costs)))
+        else:
+            error = autotvm.measure.MeasureErrorNo(res.error_no).name
+            cause = describe_text(str(res.costs[0])) if res.costs else ""
+            if not isinstance(res.costs[0], str):  # a run error logs 1e9 s, not its cause
+                cause = "see tune.log"
+            result.append(Measurement(key(inp.task), None, f"{error}: {cause}"[:300]))
+    return result
+
+
+def flops(task: autotvm.task.Task) -> float:
+    if not task.flop:  # computed when the config space is built
+        task = autotvm.task.create(task.name, task.args, target=task.target)
+    return float(task.flop)
+
+
+def build(mod: Any, target: Target, params: Any, work_dir: Path) -> Any:
+    """``relay.build`` with the log's best configs dispatched to every template."""
+    import tvm
+    from tvm import relay
+
+    records = autotvm.apply_history_best(str(work_dir / "autotvm.log"))
+    with records, tvm.transform.PassContext(opt_level=3):
+        return relay.build(mod, target=target, params=params)
+
+
+ADAPTER = Adapter(NAME, extract, encode, decode, key, merge, tune, measurements, flops, build)

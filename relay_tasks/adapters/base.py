@@ -30,6 +30,22 @@ class TunerTask:
 
 
 @dataclass(frozen=True)
+class Measurement:
+    """One measurement in a tuner's records: which task, its latency (None if it failed), why."""
+
+    key: str
+    seconds: float | None
+    error: str = ""
+
+    @property
+    def valid(self) -> bool:
+        """A measurement counts when it ran and gave a finite latency (tuners log failures as
+        1e9 or 1e10 s, or not at all)."""
+        s = self.seconds
+        return s is not None and 0 < s < 1e9
+
+
+@dataclass(frozen=True)
 class Runner:
     """Where measurements run: on this machine, or on devices behind a TVM RPC tracker."""
 
@@ -47,8 +63,11 @@ class Adapter:
       rebuilds without evaluating anything (TVM's structural JSON, plain values);
     - ``key(native)``: the task's identity, recomputed from a decoded task to check a task file;
     - ``merge(tasks)``: one task from equal tasks of several models (weights added);
-    - ``tune(tasks, target, trials, work_dir, runner)``: tune, logging to ``work_dir`` and
-      resuming from what is already logged there; returns the number of measurements logged.
+    - ``tune(tasks, target, trials, work_dir, runner)``: tune until ``work_dir`` holds ``trials``
+      valid measurements (failed ones are retried, not counted), logging as it goes;
+    - ``measurements(tasks, work_dir)``: the records in ``work_dir``, in the order measured;
+    - ``flops(native)``: floating-point operations of one call of the task;
+    - ``build(mod, target, params, work_dir)``: the model built with the best records applied.
     """
 
     name: str
@@ -57,7 +76,10 @@ class Adapter:
     decode: Callable[[dict[str, Any], Any], Any] = field(repr=False)
     key: Callable[[Any], str] = field(repr=False)
     merge: Callable[[Sequence[TunerTask]], Any] = field(repr=False)
-    tune: Callable[[Sequence[TunerTask], Any, int, Path, Runner], int] = field(repr=False)
+    tune: Callable[[Sequence[TunerTask], Any, int, Path, Runner], None] = field(repr=False)
+    measurements: Callable[[Sequence[TunerTask], Path], list[Measurement]] = field(repr=False)
+    flops: Callable[[Any], float] = field(repr=False)
+    build: Callable[[Any, Any, Any, Path], Any] = field(repr=False)
 
 
 def compact_json(text: str) -> str:

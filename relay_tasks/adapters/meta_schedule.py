@@ -9,6 +9,7 @@ the same over the backend's occurrences: TIR once per distinct function, then up
 from __future__ import annotations
 
 import importlib
+import json
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,11 +24,19 @@ from tvm.ir.supply import NameSupply
 from tvm.target import Target
 
 from ..cxx import std_sort
-from ..errors import ModelError
+from ..errors import ModelError, describe_text
 from ..extract import Task, run_extraction, warn_skipped_dynamic
 from ..inputs import ParamsLike, TargetLike, as_module, as_target
 from ..pipeline import PassSettings, extraction_scope
-from .base import Adapter, Runner, TunerTask, compact_json, load_tvm_json, refuse_named_calls
+from .base import (
+    Adapter,
+    Measurement,
+    Runner,
+    TunerTask,
+    compact_json,
+    load_tvm_json,
+    refuse_named_calls,
+)
 
 NAME = "meta_schedule"
 MODULE_EQUALITIES = ("structural", "ignore-ndarray", "anchor-block")
@@ -267,35 +276,131 @@ def merge(tasks: Sequence[TunerTask]) -> ms.ExtractedTask:
 
 def tune(
     tasks: Sequence[TunerTask], target: Target, trials: int, work_dir: Path, runner: Runner
-) -> int:
-    """``ms.tune_tasks`` into a JSON database in ``work_dir``; a rerun tunes only what is left."""
+) -> None:
+    """``ms.tune_tasks`` into a JSON database in ``work_dir`` until it holds ``trials`` valid
+    measurements; the search effort scales down with the budget."""
     # Schedule rules look tensor intrinsics up by name; hhb-tvm does not register them itself.
-    importlib.import_module("tvm.tir.tensor_intrin.cuda")
-    importlib.import_module("tvm.tir.tensor_intrin.x86")
+    for module in ("arm_cpu", "cuda", "rocm", "x86"):
+        importlib.import_module(f"tvm.tir.tensor_intrin.{module}")
 
+    budget = trials - sum(m.valid for m in measurements(tasks, work_dir))
+    if budget <= 0:
+        return
     target = _with_num_cores(target)
-    natives = [
-        ms.ExtractedTask(
-            t.native.task_name, t.native.mod, target, list(t.native.dispatched), t.native.weight
+    contexts = [
+        ms.TuneContext(
+            mod=t.native.dispatched[0],
+            target=target,
+            space_generator="post-order-apply",
+            search_strategy=_search(budget),
+            task_name=t.native.task_name,
+            logger=logger,
+            rand_state=seed,
+            num_threads="physical",
+        ).clone()
+        for t, logger, seed in zip(
+            tasks,
+            ms.logging.get_loggers_from_work_dir(str(work_dir), [t.name for t in tasks]),
+            ms.utils.fork_seed(None, n=len(tasks)),
+            strict=True,
         )
-        for t in tasks
     ]
+    ms.tune_tasks(
+        tasks=contexts,
+        task_weights=[float(t.weight) for t in tasks],
+        work_dir=str(work_dir),
+        max_trials_global=budget,
+        # Small enough that the warm-up round (one batch per task) reaches every task.
+        num_trials_per_iter=max(1, min(BATCH, budget // len(tasks))),
+        runner=_runner(runner),
+        database=ms.database.JSONDatabase(work_dir=str(work_dir)),
+        measure_callbacks=[
+            *ms.measure_callback.MeasureCallback.create("default"),
+            _ErrorLog(work_dir),
+        ],
+    )
+
+
+#: Measurements per round: what an interrupt can lose, and the overshoot past the budget.
+BATCH = 16
+
+
+def _search(budget: int) -> Any:
+    """Evolutionary search sized for the budget: a population of 512 bred over 4 generations
+    is wasted on a handful of trials (minutes of search per measurement on a toy model)."""
+    population = max(32, min(512, 16 * budget))
+    return ms.search_strategy.EvolutionarySearch(
+        population_size=population,
+        init_min_unmeasured=min(50, population // 2),
+        genetic_num_iters=4 if budget >= 64 else 2,
+    )
+
+
+ERRORS_FILE = "meta_schedule_errors.jsonl"
+
+
+@ms.derived_object
+class _ErrorLog(ms.measure_callback.PyMeasureCallback):  # type: ignore[misc]
+    """MetaSchedule stores a failed measurement as 1e10 s without its cause; keep the cause."""
+
+    def __init__(self, work_dir: Path) -> None:
+        self.path = work_dir / ERRORS_FILE
+
+    def apply(self, task_scheduler: Any, task_id: int, measure_candidates: Any,
+              builder_results: Any, runner_results: Any) -> None:  # fmt: skip
+        lines = []
+        for built, ran in zip(builder_results, runner_results, strict=True):
+            error = built.error_msg or ran.error_msg
+            if error:
+                lines.append(json.dumps({"task": int(task_id), "error": _cause(str(error))}))
+        if lines:
+            with open(self.path, "a") as handle:
+                handle.write("\n".join(lines) + "\n")
+
+
+def _cause(error: str) -> str:
+    """The line of a builder's or runner's report that says what went wrong (the last one is
+    often the command line that failed)."""
+    lines = [line.strip() for line in error.splitlines() if "error" in line.lower()]
+    return (lines[-1] if lines else describe_text(error))[:300]
+
+
+def measurements(tasks: Sequence[TunerTask], work_dir: Path) -> list[Measurement]:
+    """The JSON database's records in commit order (its API sorts them by latency).
+
+    A record is ``[workload index, [trace, run_secs, target, args]]``; a workload line starts with
+    its structural hash, which is this adapter's task key.
+    """
+    workloads, records = (
+        work_dir / "database_workload.json",
+        work_dir / "database_tuning_record.json",
+    )
+    if not records.exists():
+        return []
+    keys = [f"{int(json.loads(line)[0]) & (2**64 - 1):016x}" for line in _lines(workloads)]
+    errors = [json.loads(line)["error"] for line in _lines(work_dir / ERRORS_FILE)]
+    result = []
+    for line in _lines(records):
+        index, (_, run_secs, *_) = json.loads(line)
+        seconds = sum(run_secs) / len(run_secs) if run_secs else None
+        failed = seconds is None or seconds >= 1e9  # MetaSchedule's mark of a failed run
+        error = (errors.pop(0) if errors else "unknown error") if failed else ""
+        result.append(Measurement(keys[index], None if failed else seconds, error))
+    return result
+
+
+def _lines(path: Path) -> list[str]:
+    return [line for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def flops(task: ms.ExtractedTask) -> float:
+    return float(tvm.tir.analysis.estimate_tir_flops(task.dispatched[0]))
+
+
+def build(mod: IRModule, target: Target, params: Any, work_dir: Path) -> Any:
+    """``compile_relay`` with the work dir's database: each task takes its best record."""
     database = ms.database.JSONDatabase(work_dir=str(work_dir))
-    budget = trials - len(database)
-    if budget > 0:
-        contexts, weights = ms.relay_integration.extracted_tasks_to_tune_contexts(
-            natives, work_dir=str(work_dir)
-        )
-        ms.tune_tasks(
-            tasks=contexts,
-            task_weights=weights,
-            work_dir=str(work_dir),
-            max_trials_global=budget,
-            num_trials_per_iter=min(64, budget),
-            runner=_runner(runner),
-            database=database,
-        )
-    return len(database)
+    return ms.relay_integration.compile_relay(database, mod, target, params)
 
 
 def _with_num_cores(target: Target) -> Target:
@@ -316,4 +421,4 @@ def _runner(runner: Runner) -> Any:
     return ms.runner.RPCRunner(config)
 
 
-ADAPTER = Adapter(NAME, extract, encode, decode, key, merge, tune)
+ADAPTER = Adapter(NAME, extract, encode, decode, key, merge, tune, measurements, flops, build)

@@ -14,7 +14,7 @@ from typing import Any
 
 from tvm.ir import IRModule
 
-from ..errors import ModelError
+from ..errors import ModelError, UsageError
 from .frontend import DTypes, Params, Shapes
 from .zoo import MODELS, load_zoo_model
 
@@ -52,8 +52,9 @@ def load_model(
     model_format : {"zoo", "relay", "onnx", "tflite", "pytorch"}, optional
         Overrides the format guessed from the file suffix.
     shapes : dict of str to list of int, optional
-        Input shapes by input name: for inputs with dynamic dimensions, and for every input of a
-        PyTorch model (in input order), as tvmc requires.
+        Input shapes by input name: for inputs with dynamic dimensions, for every input of a
+        PyTorch model (in input order), as tvmc requires, or to retype a Relay text model's
+        inputs (another batch size).
     dtypes : dict of str to str, optional
         Input dtypes by name where they are not the model's own (PyTorch: not float32).
     example_inputs : torch.Tensor or tuple of torch.Tensor, optional
@@ -85,13 +86,11 @@ def _load_file(
     kind: str, path: Path, params: str | Path | None, shapes: Shapes | None, dtypes: DTypes | None
 ) -> tuple[IRModule, Params]:
     if kind == "relay":
-        from .relay_text import load_params, load_relay_text
+        from .relay_text import load_params, load_relay_text, with_input_types
 
-        if shapes or dtypes:
-            raise ModelError(
-                f"{path}: a Relay text model has fixed input types; drop --input-shapes"
-            )
         mod = load_relay_text(path)
+        if shapes or dtypes:
+            mod = with_input_types(path, mod, shapes or {}, dtypes or {})
         return mod, load_params(Path(params)) if params is not None else {}
     if kind == "onnx":
         from .onnx import load_onnx
@@ -135,12 +134,12 @@ def parse_shapes(text: str) -> tuple[dict[str, list[int]], dict[str, str]]:
         try:
             shapes[name] = [int(d) for d in dims.split(",") if d.strip()]
         except ValueError:
-            raise ModelError(f"input shape for {name!r} must be integers, got [{dims}]") from None
+            raise UsageError(f"input shape for {name!r} must be integers, got [{dims}]") from None
         if dtype:
             dtypes[name] = _checked_dtype(name, dtype)
     leftover = _SPEC.sub("", text).strip(" ,")
     if leftover or not shapes:
-        raise ModelError(
+        raise UsageError(
             f"cannot read input shapes {text!r}; write them as name:[d0,d1,...] with an "
             "optional :dtype, e.g. --input-shapes 'data:[1,3,224,224] ids:[1,128]:int64'"
         )
@@ -153,7 +152,7 @@ def _checked_dtype(name: str, dtype: str) -> str:
     try:
         tvm.DataType(dtype)
     except (ValueError, tvm.TVMError):
-        raise ModelError(
+        raise UsageError(
             f"input {name!r}: unknown dtype {dtype!r}; use e.g. float32, float16, int64, int32"
         ) from None
     return dtype

@@ -12,7 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 from tvm import meta_schedule as ms
 from tvm import relay
 
-from relay_tasks import ModelError
+from relay_tasks import ModelError, UsageError
 from relay_tasks.loaders import load_model, parse_shapes
 from relay_tasks.meta_schedule import extract_task_from_relay
 
@@ -192,5 +192,6 @@ def test_parse_shapes(text: str, shapes: dict, dtypes: dict) -> None:
     "text", ["data", "data:[1,x]", "data:[1,2] junk", "ids:[1,128]:notatype", "ids:[1]:"]
 )
 def test_parse_shapes_rejects(text: str) -> None:
-    with pytest.raises(ModelError):
+    """A spelling mistake on the command line is a usage error (exit 2), not a bad model."""
+    with pytest.raises(UsageError):
         parse_shapes(text)

@@ -1,0 +1,141 @@
+"""``relay-tasks compile``: build a model with the records of a work dir, and time it.
+
+Before building it says which of the model's tasks the records cover and names each that is
+not (upstream says so only as a "Cannot find workload" line per miss, during the build).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..adapters import Adapter, TunerTask, get_adapter
+from ..errors import ModelError, TuningError, UsageError, describe_failure
+from ..export import load_tasks
+from .records import standing
+from .tune import TASKS_FILE
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a build with the records of a work dir will use."""
+
+    adapter: Adapter
+    target: Any
+    tasks: list[TunerTask]
+    tuned: list[TunerTask]
+    missing: list[TunerTask]
+
+    def describe(self) -> str:
+        line = f"the records cover {len(self.tuned)} of the model's {len(self.tasks)} tasks"
+        if not self.missing:
+            return line
+        names = ", ".join(t.name for t in self.missing)
+        return f"{line}; not tuned (built with default schedules): {names}"
+
+
+def plan(mod: Any, params: Any, work_dir: str | Path) -> Plan:
+    """The model's tasks for the tuner and target the work dir was tuned for, and which of them
+    have a valid record there."""
+    folder = Path(work_dir)
+    if not (folder / TASKS_FILE).is_file():
+        raise UsageError(f"{folder} is not a relay-tasks work dir (no {TASKS_FILE}); "
+                         "give the --work-dir of a tune")  # fmt: skip
+    tuned_for = load_tasks(folder / TASKS_FILE)
+    adapter = get_adapter(tuned_for.tuner)
+    tasks = adapter.extract(mod, tuned_for.target, params)
+    now = standing(tasks, adapter.measurements(tasks, folder))
+    tuned = [r.task for r in now.tasks if r.best is not None]
+    missing = [r.task for r in now.tasks if r.best is None]
+    return Plan(adapter, tuned_for.target, tasks, tuned, missing)
+
+
+def build(mod: Any, params: Any, work_dir: str | Path, chosen: Plan | None = None) -> Any:
+    """The model built with the work dir's records (a graph executor factory module)."""
+    chosen = chosen or plan(mod, params, work_dir)
+    try:
+        return chosen.adapter.build(mod, chosen.target, params, Path(work_dir))
+    except Exception as err:
+        raise TuningError(f"building with the records failed: {describe_failure(err)}") from err
+
+
+def build_untuned(mod: Any, params: Any, target: Any) -> Any:
+    """The same model with TVM's default schedules, to compare against."""
+    import tvm
+    from tvm import relay
+
+    with tvm.transform.PassContext(opt_level=3):
+        return relay.build(mod, target=target, params=params)
+
+
+def export(factory: Any, output: str | Path) -> Path:
+    path = Path(output)
+    if path.suffix not in (".tar", ".so"):
+        raise UsageError(f"-o {path}: name a .tar or .so file")
+    try:
+        factory.export_library(str(path))
+    except Exception as err:
+        raise ModelError(f"{path}: cannot write the library ({describe_failure(err)})") from err
+    return path
+
+
+def random_inputs(mod: Any, params: Any) -> dict[str, np.ndarray[Any, Any]]:
+    """Seeded inputs for every parameter of ``main`` that the params do not bind."""
+    rng = np.random.default_rng(0)
+    inputs = {}
+    for var in mod["main"].params:
+        if var.name_hint in (params or {}):
+            continue
+        shape = [int(d) for d in var.checked_type.shape]
+        dtype = var.checked_type.dtype
+        if dtype.startswith(("int", "uint")):
+            inputs[var.name_hint] = rng.integers(0, 2, size=shape).astype(dtype)
+        else:
+            inputs[var.name_hint] = rng.standard_normal(shape).astype(dtype)
+    return inputs
+
+
+@dataclass(frozen=True)
+class Run:
+    seconds: float
+    outputs: list[np.ndarray[Any, Any]]
+
+
+def run(
+    factory: Any, inputs: dict[str, np.ndarray[Any, Any]], *, repeat: int = 10, remote: Any = None
+) -> Run:
+    """Mean latency over ``repeat`` runs (after one warm-up), and the outputs, on this machine's
+    CPU or on an RPC session's device."""
+    import tvm
+    from tvm.contrib import graph_executor
+
+    if remote is None:
+        device, module = tvm.cpu(0), factory
+    else:
+        with tempfile.TemporaryDirectory() as folder:
+            path = Path(folder) / "model.tar"
+            factory.export_library(str(path))
+            remote.upload(str(path))
+        module, device = remote.load_module(path.name), remote.cpu(0)
+    graph = graph_executor.GraphModule(module["default"](device))
+    for name, value in inputs.items():
+        graph.set_input(name, value)
+    timing = graph.benchmark(device, number=1, repeat=repeat, end_to_end=False)
+    graph.run()
+    outputs = [graph.get_output(i).numpy() for i in range(graph.get_num_outputs())]
+    return Run(float(timing.mean), outputs)
+
+
+def summary(tuned: Run, untuned: Run) -> str:
+    ratio = untuned.seconds / tuned.seconds if tuned.seconds else float("inf")
+    return (f"tuned {tuned.seconds * 1e3:.4f} ms, untuned {untuned.seconds * 1e3:.4f} ms "
+            f"({ratio:.2f}x)")  # fmt: skip
+
+
+def max_difference(a: Sequence[np.ndarray[Any, Any]], b: Sequence[np.ndarray[Any, Any]]) -> float:
+    return max((float(np.max(np.abs(x - y))) for x, y in zip(a, b, strict=True)), default=0.0)

@@ -1,0 +1,101 @@
+"""What a work dir's records say about each task: trials, valid and failed measurements, best.
+
+Every tuner logs differently (MetaSchedule's JSON database, AutoTVM's log, Ansor's log); each
+adapter reads its own into :class:`~relay_tasks.adapters.base.Measurement` rows, and everything
+after that (progress, summaries, coverage, the latency estimate) is tuner-neutral and lives here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..adapters.base import Measurement, TunerTask
+
+
+@dataclass(frozen=True)
+class TaskRecord:
+    """One task's standing in the records."""
+
+    task: TunerTask
+    valid: int
+    failed: int
+    best: float | None  # seconds, over valid measurements
+    first_error: str
+
+    @property
+    def trials(self) -> int:
+        return self.valid + self.failed
+
+
+@dataclass(frozen=True)
+class Standing:
+    """All tasks' standing, and what it means for the model."""
+
+    tasks: list[TaskRecord]
+    #: Measurements in the work dir that belong to none of these tasks (another model's).
+    foreign: int
+
+    @property
+    def valid(self) -> int:
+        return sum(t.valid for t in self.tasks)
+
+    @property
+    def failed(self) -> int:
+        return sum(t.failed for t in self.tasks)
+
+    @property
+    def first_error(self) -> str:
+        return next((t.first_error for t in self.tasks if t.first_error), "")
+
+    @property
+    def untuned(self) -> list[TaskRecord]:
+        return [t for t in self.tasks if t.best is None]
+
+    @property
+    def latency(self) -> float | None:
+        """The model's latency estimated from the best records (weight x best, summed); None
+        until every task has a valid measurement."""
+        if not self.tasks or self.untuned:
+            return None
+        return sum(t.task.weight * t.best for t in self.tasks if t.best is not None)
+
+
+def standing(tasks: Sequence[TunerTask], measurements: Sequence[Measurement]) -> Standing:
+    """Group measurements by task key."""
+    by_key: dict[str, list[Measurement]] = {}
+    for m in measurements:
+        by_key.setdefault(m.key, []).append(m)
+    rows = []
+    for task in tasks:
+        mine = by_key.get(task.key, [])
+        good = [m.seconds for m in mine if m.valid]
+        errors = [m.error for m in mine if not m.valid and m.error]
+        rows.append(
+            TaskRecord(
+                task,
+                valid=len(good),
+                failed=len(mine) - len(good),
+                best=min(good) if good else None,  # type: ignore[type-var]
+                first_error=errors[0] if errors else "",
+            )
+        )
+    keys = {t.key for t in tasks}
+    return Standing(rows, foreign=sum(1 for m in measurements if m.key not in keys))
+
+
+def latency_by_trial(
+    tasks: Sequence[TunerTask], measurements: Sequence[Measurement]
+) -> list[tuple[int, float]]:
+    """(measurements so far, estimated model latency) after each measurement, from the point
+    every task has a valid one: the curve ``status --plot`` draws."""
+    weights = {t.key: t.weight for t in tasks}
+    best: dict[str, float] = {}
+    curve = []
+    for count, m in enumerate(measurements, start=1):
+        if m.key in weights and m.valid:
+            seconds = float(m.seconds)  # type: ignore[arg-type]
+            best[m.key] = min(best.get(m.key, seconds), seconds)
+        if len(best) == len(weights):
+            curve.append((count, sum(weights[k] * s for k, s in best.items())))
+    return curve

@@ -1,0 +1,84 @@
+"""``relay-tasks status``: where tuning stands, per task and for the model, as a table or a plot."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..adapters import Adapter, TunerTask
+from ..adapters.base import Measurement
+from ..errors import DependencyError, UsageError
+from .records import Standing, latency_by_trial
+
+
+def format_status(now: Standing, flops: Sequence[float]) -> str:
+    """Per task: weight, GFLOP per call, trials, valid and failed measurements, best latency and
+    the task's share of the estimated model latency (weight x best); then the estimate."""
+    header = ("#", "task", "weight", "GFLOP", "trials", "valid", "failed", "best ms", "share")
+    rows = [header]
+    total = now.latency
+    for index, (record, flop) in enumerate(zip(now.tasks, flops, strict=True)):
+        best = record.best
+        share = f"{record.task.weight * best / total:.1%}" if total and best else ""
+        rows.append((str(index), record.task.name, str(record.task.weight), f"{flop / 1e9:.4g}",
+                     str(record.trials), str(record.valid), str(record.failed),
+                     f"{best * 1e3:.4g}" if best is not None else "-", share))  # fmt: skip
+    widths = [max(len(r[c]) for r in rows) for c in range(len(header))]
+    lines = [
+        "  ".join(
+            cell.ljust(w) if c == 1 else cell.rjust(w)
+            for c, (cell, w) in enumerate(zip(row, widths, strict=True))
+        ).rstrip()
+        for row in rows
+    ]
+    lines.append(_summary(now))
+    return "\n".join(lines)
+
+
+def _summary(now: Standing) -> str:
+    counts = f"{now.valid} valid measurements" + (f", {now.failed} failed" if now.failed else "")
+    if now.latency is not None:
+        return f"{counts}; estimated model latency {now.latency * 1e3:.4g} ms (best records)"
+    return f"{counts}; {len(now.untuned)} of {len(now.tasks)} tasks not measured yet"
+
+
+def task_flops(adapter: Adapter, tasks: Sequence[TunerTask]) -> list[float]:
+    return [adapter.flops(task.native) for task in tasks]
+
+
+def plot(
+    path: str | Path,
+    now: Standing,
+    measurements: Sequence[Measurement],
+) -> None:
+    """Estimated model latency against measurements, and each task's share of it, as an image."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        from matplotlib import pyplot
+    except ImportError as err:
+        raise DependencyError("--plot needs matplotlib: pip install 'relay-tasks[plot]'") from err
+    target = Path(path)
+    if target.suffix.lower() not in (".png", ".svg", ".pdf"):
+        raise UsageError(f"--plot {target}: name a .png, .svg or .pdf file")
+    tasks = [record.task for record in now.tasks]
+    curve = latency_by_trial(tasks, measurements)
+    figure, (left, right) = pyplot.subplots(1, 2, figsize=(12, 4.5))
+    if curve:
+        left.step([c for c, _ in curve], [s * 1e3 for _, s in curve], where="post")
+    else:
+        left.text(0.5, 0.5, "not every task measured yet", ha="center", transform=left.transAxes)
+    left.set(xlabel="measurements", ylabel="estimated model latency (ms)",
+             title="best estimated latency")  # fmt: skip
+    shares = [(r.task.name, r.task.weight * r.best * 1e3) for r in now.tasks if r.best]
+    right.barh([n for n, _ in shares][::-1], [s for _, s in shares][::-1])
+    right.set(xlabel="weight x best latency (ms)", title="share of the model by task")
+    right.tick_params(axis="y", labelsize=7)
+    figure.tight_layout()
+    try:
+        figure.savefig(target)
+    except OSError as err:
+        raise UsageError(f"--plot {target}: cannot write it ({err.strerror})") from err
+    finally:
+        pyplot.close(figure)

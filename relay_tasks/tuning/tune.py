@@ -1,0 +1,248 @@
+"""``relay-tasks tune``: the tuner runs in a child process that this one supervises.
+
+TVM's tuners loop in C++ and call back into Python, where a ``KeyboardInterrupt`` is caught and
+printed by TVM and tuning goes on. So the tuner gets a process of its own (its own session, so a
+terminal's Ctrl-C reaches only this supervisor): SIGINT or SIGTERM here stops the child's whole
+process group within seconds. Every tuner appends each finished batch of measurements to its log
+at once, so what was measured stays on disk and the same command resumes from it. The child's
+output (TVM's logs and tables) goes to ``tune.log`` in the work dir; this process shows one
+progress line on a terminal, read from the records as they grow.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from ..adapters import Adapter, TunerTask, get_adapter
+from ..adapters.base import Runner
+from ..errors import TargetError, TuningError, TuningInterrupted, UsageError, describe_text
+from ..export import dumps, tasks_document
+from ..inputs import TargetLike, as_target
+from .records import Standing, standing
+
+#: The tasks being tuned, as a task file: the worker reads them, ``status`` and ``compile`` too.
+TASKS_FILE = "tasks.json"
+#: Everything the tuner prints.
+LOG_FILE = "tune.log"
+#: The worker's last word when it fails, for the one-line error.
+FAILURE_MARK = "relay-tasks-worker: error: "
+#: Seconds a stopped worker gets before its process group is killed.
+GRACE = 2.0
+
+
+def tune(
+    tasks: Sequence[TunerTask],
+    target: TargetLike,
+    *,
+    tuner: str | Adapter,
+    trials: int,
+    work_dir: str | Path,
+    rpc_tracker: str | None = None,
+    rpc_key: str | None = None,
+    timeout: float = 20.0,
+) -> Standing:
+    """Tune until ``work_dir`` holds ``trials`` valid measurements; returns every task's standing.
+
+    The records in ``work_dir`` (AutoTVM ``autotvm.log``, Ansor ``ansor.json``, MetaSchedule's
+    JSON database) are the resume point: running again keeps every finished measurement, counts
+    only valid ones, and spends only the trials still missing. ``rpc_tracker`` (``host:port``)
+    and ``rpc_key`` measure on devices behind a TVM RPC tracker instead of this machine.
+
+    Raises :class:`TuningInterrupted` on SIGINT/SIGTERM (measurements kept) and
+    :class:`TuningError` when the tuner fails or every new measurement failed.
+    """
+    if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
+        raise UsageError(f"trials must be a whole number of at least 1, got {trials!r}")
+    if not tasks:
+        raise UsageError("there are no tasks to tune (the model has no tunable operator)")
+    adapter = get_adapter(tuner)
+    tgt = as_target(target)
+    runner = Runner(parse_tracker(rpc_tracker, rpc_key), rpc_key, timeout)
+    _check_device(tgt, runner)
+    folder = work_folder(work_dir)
+    document = tasks_document(tasks, tuner=adapter.name, target=tgt, models=_models(tasks))
+    (folder / TASKS_FILE).write_text(dumps(document) + "\n")
+    before = standing(tasks, adapter.measurements(tasks, folder))
+    if before.valid >= trials:
+        return before
+    stopped = _run_worker(adapter, tasks, folder, trials, runner)
+    after = standing(tasks, adapter.measurements(tasks, folder))
+    if stopped is not None:
+        raise TuningInterrupted(
+            f"stopped; {after.valid} valid measurements are kept in {folder}: run the same "
+            "command again to resume",
+            stopped,
+        )
+    new_failed = after.failed - before.failed
+    if after.valid == before.valid and new_failed > 0:
+        raise TuningError(
+            f"all {new_failed} measurements failed; the first: {after.first_error or 'unknown'} "
+            f"(details in {folder / LOG_FILE})"
+        )
+    return after
+
+
+def work_folder(work_dir: str | Path) -> Path:
+    folder = Path(work_dir)
+    if folder.exists() and not folder.is_dir():
+        raise UsageError(f"--work-dir {folder} is a file; give a directory (it is created)")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UsageError(f"cannot create --work-dir {folder}: {err.strerror}") from err
+    return folder
+
+
+def parse_tracker(address: str | None, key: str | None) -> tuple[str, int] | None:
+    if address is None:
+        if key is not None:
+            raise UsageError("--rpc-key needs --rpc-tracker HOST:PORT")
+        return None
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or key is None:
+        raise UsageError(
+            f"cannot use RPC tracker {address!r}: give --rpc-tracker HOST:PORT and --rpc-key KEY"
+        )
+    return host, int(port)
+
+
+def _check_device(target: Any, runner: Runner) -> None:
+    """A GPU target measures on a GPU: without a tracker it has to be this machine's."""
+    import tvm
+
+    kind = target.kind.name
+    if runner.tracker is None and kind != "llvm" and not tvm.device(kind, 0).exist:
+        raise TargetError(
+            f"this machine has no {kind} device to measure on: tune for it through a tracker "
+            "(--rpc-tracker HOST:PORT --rpc-key KEY, with relay-tasks serve on the device)"
+        )
+
+
+def _models(tasks: Sequence[TunerTask]) -> list[str]:
+    return list(dict.fromkeys(m for t in tasks for m in t.models))
+
+
+def _run_worker(
+    adapter: Adapter, tasks: Sequence[TunerTask], folder: Path, trials: int, runner: Runner
+) -> int | None:
+    """Run the worker to the end, or until a signal; returns that signal's number, if any."""
+    # In the work dir, so that whatever a tuner writes to its current directory lands there.
+    command = [sys.executable, "-m", "relay_tasks.tuning.worker", str(folder.resolve()),
+               str(trials), json.dumps(asdict(runner))]  # fmt: skip
+    with open(folder / LOG_FILE, "ab") as log, _signals() as stop:
+        log.write(f"\n=== relay-tasks tune, {time.strftime('%Y-%m-%d %H:%M:%S')} ===\n".encode())
+        log.flush()
+        child = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                 cwd=folder, start_new_session=True)  # fmt: skip
+        display = _Progress(adapter, tasks, folder, trials)
+        try:
+            while child.poll() is None and not stop:
+                display.update()
+                time.sleep(0.2)
+        finally:
+            display.close()
+            _stop(child)
+    if stop:
+        return stop[0]
+    if child.returncode != 0:
+        raise TuningError(f"{adapter.name} tuning failed: {_last_failure(folder / LOG_FILE)} "
+                          f"(details in {folder / LOG_FILE})")  # fmt: skip
+    return None
+
+
+@contextmanager
+def _signals() -> Iterator[list[int]]:
+    """SIGINT and SIGTERM, noted instead of raised (signal handlers only in the main thread)."""
+    received: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield received
+        return
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    for number in previous:
+        signal.signal(number, lambda signum, _frame: received.append(signum))
+    try:
+        yield received
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
+def _stop(child: subprocess.Popen[bytes]) -> None:
+    """End the worker and everything it started (builders, runners, local RPC servers)."""
+    if child.poll() is None:
+        _signal_group(child.pid, signal.SIGTERM)
+        with suppress(subprocess.TimeoutExpired):
+            child.wait(GRACE)
+    _signal_group(child.pid, signal.SIGKILL)
+    child.wait()
+
+
+def _signal_group(pid: int, number: int) -> None:
+    with suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, number)
+
+
+def _last_failure(log: Path) -> str:
+    lines = log.read_text(errors="replace").splitlines()
+    marked = [line[len(FAILURE_MARK) :] for line in lines if line.startswith(FAILURE_MARK)]
+    return marked[-1] if marked else describe_text("\n".join(lines[-20:])) or "no message"
+
+
+class _Progress:
+    """One line on a terminal: task i/n, valid measurements of the budget, best latency so far.
+
+    Read from the records every second or so; nothing at all when stderr is not a terminal.
+    """
+
+    def __init__(self, adapter: Adapter, tasks: Sequence[TunerTask], folder: Path, trials: int):
+        self.adapter, self.tasks, self.folder, self.trials = adapter, tasks, folder, trials
+        self.enabled = sys.stderr.isatty()
+        self.last = 0.0
+        self.width = 0
+
+    def update(self) -> None:
+        if not self.enabled or time.monotonic() - self.last < 1.0:
+            return
+        self.last = time.monotonic()
+        try:
+            records = self.adapter.measurements(self.tasks, self.folder)
+        except Exception:  # a log being written can be read half-way; try again later
+            return
+        self._show(progress_line(self.tasks, records, self.trials))
+
+    def _show(self, line: str) -> None:
+        sys.stderr.write("\r" + line.ljust(self.width))
+        sys.stderr.flush()
+        self.width = len(line)
+
+    def close(self) -> None:
+        if self.enabled and self.width:
+            sys.stderr.write("\r" + " " * self.width + "\r")
+            sys.stderr.flush()
+
+
+def progress_line(tasks: Sequence[TunerTask], records: Sequence[Any], trials: int) -> str:
+    now = standing(tasks, records)
+    keys = [t.key for t in tasks]
+    current = next((keys.index(m.key) for m in reversed(records) if m.key in keys), 0)
+    parts = [
+        f"tuning task {current + 1}/{len(tasks)}",
+        f"{now.valid}/{trials} measured" + (f" ({now.failed} failed)" if now.failed else ""),
+    ]
+    best = now.tasks[current].best
+    if now.latency is not None:
+        parts.append(f"model ~{now.latency * 1e3:.3f} ms")
+    elif best is not None:
+        parts.append(f"task best {best * 1e3:.3f} ms")
+    return " | ".join(parts)

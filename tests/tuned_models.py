@@ -1,0 +1,62 @@
+"""A tiny model (dense + relu), argv to tune it, and the tuners' logs read straight from disk.
+
+Measurements are read from the raw logs here, not through the adapters under test.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import tvm
+from tvm import relay
+
+TUNERS = ("meta_schedule", "autotvm", "ansor")
+
+
+def tune_argv(tiny: tuple[Path, Path], tuner: str, work: Path, trials: int) -> list[str]:
+    text, params = tiny
+    return ["tune", str(text), "--params", str(params), "--tuner", tuner,
+            "--work-dir", str(work), "--trials", str(trials)]  # fmt: skip
+
+
+def raw_measurements(work: Path, tuner: str) -> list[tuple[str, float | None]]:
+    """(task, seconds or None when failed) per record, read straight from the tuner's log."""
+    rows: list[tuple[str, float | None]] = []
+    if tuner == "autotvm":
+        for line in (work / "autotvm.log").read_text().splitlines():
+            record = json.loads(line)
+            costs, error_no = record["result"][0], record["result"][1]
+            task = record["input"][1] + json.dumps(record["input"][2])
+            rows.append((task, float(np.mean(costs)) if error_no == 0 else None))
+    elif tuner == "ansor":
+        for line in (work / "ansor.json").read_text().splitlines():
+            record = json.loads(line)
+            costs, error_no = record["r"][0], record["r"][1]
+            rows.append((record["i"][0][0], float(np.mean(costs)) if error_no == 0 else None))
+    else:
+        workloads = (work / "database_workload.json").read_text().splitlines()
+        for line in (work / "database_tuning_record.json").read_text().splitlines():
+            index, (_, run_secs, *_) = json.loads(line)
+            seconds = float(np.mean(run_secs))
+            rows.append((workloads[index][:40], seconds if seconds < 1e9 else None))
+    return rows
+
+
+def valid_count(work: Path, tuner: str) -> int:
+    return sum(1 for _, s in raw_measurements(work, tuner) if s is not None and np.isfinite(s))
+
+
+def write_tiny(folder: Path) -> tuple[Path, Path]:
+    """``m.relay`` and ``m.params``: dense (1x32 by 16x32) + relu, seeded weights."""
+    data, weight = relay.var("data", shape=(1, 32)), relay.var("w", shape=(16, 32))
+    body = relay.nn.relu(relay.nn.dense(data, weight))
+    mod = tvm.IRModule.from_expr(relay.Function([data, weight], body))
+    text, params = folder / "m.relay", folder / "m.params"
+    text.write_text(mod.astext())
+    rng = np.random.default_rng(0)
+    params.write_bytes(
+        relay.save_param_dict({"w": rng.standard_normal((16, 32)).astype("float32")})
+    )
+    return text, params

@@ -1,0 +1,57 @@
+"""``relay-tasks compile``: the records reach the build, the library runs, outputs agree."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relay
+
+from relay_tasks.cli import main
+from relay_tasks.loaders import load_model
+from relay_tasks.tuning import compile as building
+
+
+@pytest.mark.parametrize("tuner", ["meta_schedule", "autotvm", "ansor"])
+def test_compile_with_the_records(tuner: str, tuned: dict[str, Path], tiny, tmp_path, capsys):
+    text, params = tiny
+    work, library = tuned[tuner], tmp_path / "model.tar"
+    argv = ["compile", str(text), "--params", str(params), "--work-dir", str(work)]
+    assert main([*argv, "-o", str(library), "--benchmark"]) == 0
+    out, err = capsys.readouterr()
+    mod, weights = load_model(text, params=params)
+    chosen = building.plan(mod, weights, work)
+    assert chosen.tuned == chosen.tasks  # every task was measured, so every task is covered
+    count = len(chosen.tasks)
+    assert err == f"relay-tasks: the records cover {count} of the model's {count} tasks\n"
+    assert out.splitlines()[0].endswith(f"{count}/{count} tasks tuned, library in {library}")
+    assert re.fullmatch(r"tuned [0-9.]+ ms, untuned [0-9.]+ ms \([0-9.]+x\)", out.splitlines()[1])
+    # The exported library runs and computes what the untuned build computes.
+    inputs = building.random_inputs(mod, weights)
+    factory = tvm.runtime.load_module(str(library))
+    tuned_run = building.run(factory, inputs, repeat=1)
+    untuned_run = building.run(
+        building.build_untuned(mod, weights, chosen.target), inputs, repeat=1
+    )
+    assert building.max_difference(tuned_run.outputs, untuned_run.outputs) < 1e-4
+    reference = np.maximum(inputs["data"] @ weights["w"].numpy().T, 0)
+    np.testing.assert_allclose(tuned_run.outputs[0], reference, rtol=1e-4, atol=1e-4)
+
+
+def test_compile_names_the_tasks_without_records(tuned: dict[str, Path], tmp_path, capsys):
+    """A model with a task the work dir never tuned: it is named before the build."""
+    data = relay.var("data", shape=(1, 32))
+    weight, other = relay.var("w", shape=(16, 32)), relay.var("v", shape=(8, 16))
+    body = relay.nn.dense(relay.nn.relu(relay.nn.dense(data, weight)), other)
+    text = tmp_path / "two.relay"
+    text.write_text(tvm.IRModule.from_expr(relay.Function([data, weight, other], body)).astext())
+    library = tmp_path / "two.tar"
+    argv = ["compile", str(text), "--work-dir", str(tuned["meta_schedule"]), "-o", str(library)]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "the records cover 1 of the model's 2 tasks; not tuned (built with default " in err
+    assert "fused_nn_dense" in err.split("not tuned")[1]
+    assert library.stat().st_size > 0

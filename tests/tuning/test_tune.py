@@ -1,0 +1,211 @@
+"""Tuning measures for real, spends the budget, resumes, reports failures, and stops on signals."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import relay_tasks
+from relay_tasks.cli import main
+
+from tuned_models import TUNERS, raw_measurements, tune_argv, valid_count
+from zoo import load
+
+
+@pytest.mark.parametrize("tuner", TUNERS)
+def test_every_tuner_measures_the_budget_validly(tuner: str, tuned: dict[str, Path]) -> None:
+    work = tuned[tuner]
+    assert valid_count(work, tuner) == 3  # exactly the budget, each with a finite latency
+    assert {p.name for p in work.iterdir()} >= {"tasks.json", "tune.log"}
+
+
+@pytest.mark.parametrize("tuner", TUNERS)
+def test_a_rerun_spends_only_what_is_missing(
+    tuner: str, tiny, tuned: dict[str, Path], tmp_path: Path, capsys
+) -> None:
+    work = tmp_path / "work"
+    shutil.copytree(tuned[tuner], work)
+    before = raw_measurements(work, tuner)
+    assert main(tune_argv(tiny, tuner, work, 3)) == 0
+    assert raw_measurements(work, tuner) == before  # all there: nothing measured again
+    assert main(tune_argv(tiny, tuner, work, 5)) == 0
+    assert valid_count(work, tuner) == 5
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split()[:3] == ["#", "task", "weight"]
+    assert re.match(r"5 valid measurements(, \d+ failed)?; estimated model latency ", out[-1])
+
+
+def test_failed_records_do_not_count_as_done(tiny, tuned: dict[str, Path], tmp_path) -> None:
+    """A resume retries what failed: here every record of the log is turned into a failure."""
+    work = tmp_path / "work"
+    shutil.copytree(tuned["autotvm"], work)
+    log = work / "autotvm.log"
+    failed = []
+    for line in log.read_text().splitlines():
+        record = json.loads(line)
+        record["result"][:2] = [[1e9], 4]  # RUNTIME_DEVICE
+        failed.append(json.dumps(record))
+    log.write_text("\n".join(failed) + "\n")
+    assert valid_count(work, "autotvm") == 0
+    assert main(tune_argv(tiny, "autotvm", work, 3)) == 0
+    rows = raw_measurements(work, "autotvm")
+    assert len(rows) == 6 and valid_count(work, "autotvm") == 3
+
+
+def test_a_tune_where_every_measurement_fails_says_why(tiny, tmp_path, capsys) -> None:
+    argv = tune_argv(tiny, "meta_schedule", tmp_path / "w", 2)
+    code = main([*argv, "--target", "llvm -mtriple=aarch64-linux-gnu"])  # cannot run here
+    err = capsys.readouterr().err
+    assert code == relay_tasks.TuningError.exit_code
+    assert len(err.splitlines()) == 1
+    assert err.startswith("relay-tasks: error: all 2 measurements failed; the first: ")
+    assert "tune.log" in err
+
+
+def test_cuda_without_a_gpu_or_tracker_is_refused_before_tuning(tiny, tmp_path, capsys) -> None:
+    code = main([*tune_argv(tiny, "meta_schedule", tmp_path / "w", 2), "--target", "cuda"])
+    assert code == relay_tasks.TargetError.exit_code
+    assert "no cuda device to measure on" in capsys.readouterr().err
+    assert not (tmp_path / "w").exists()
+
+
+def _worker_processes(work: Path) -> list[str]:
+    found = subprocess.run(["pgrep", "-f", str(work)], capture_output=True, text=True)
+    return found.stdout.split()
+
+
+@pytest.mark.parametrize(
+    ("tuner", "signum"),
+    [("meta_schedule", signal.SIGINT), ("autotvm", signal.SIGTERM), ("ansor", signal.SIGINT)],
+)
+def test_a_signal_stops_tuning_keeps_the_records_and_the_tune_resumes(
+    tuner: str, signum: int, tiny, tmp_path: Path
+) -> None:
+    work = tmp_path / "work"
+    command = [sys.executable, "-m", "relay_tasks.cli", *tune_argv(tiny, tuner, work, 500)]
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while valid_count_or_zero(work, tuner) == 0:
+        assert child.poll() is None and time.monotonic() < deadline, child.communicate()
+        time.sleep(0.5)
+    child.send_signal(signum)
+    sent = time.monotonic()
+    out, err = child.communicate(timeout=30)
+    assert time.monotonic() - sent < 10
+    assert child.returncode == 128 + signum
+    assert out == "" and err.startswith("relay-tasks: interrupted: stopped; ")
+    assert len(err.splitlines()) == 1
+    assert _worker_processes(work) == []
+    kept = valid_count(work, tuner)
+    assert kept >= 1 and f"{kept} valid measurements are kept" in err
+    assert main(tune_argv(tiny, tuner, work, kept + 2)) == 0  # the same work dir resumes
+    assert valid_count(work, tuner) == kept + 2
+
+
+def valid_count_or_zero(work: Path, tuner: str) -> int:
+    try:
+        return valid_count(work, tuner)
+    except (FileNotFoundError, ValueError, IndexError):  # not written yet, or half a line
+        return 0
+
+
+def test_progress_shows_on_a_terminal_only_and_stdout_keeps_the_result(tiny, tmp_path) -> None:
+    command = [sys.executable, "-m", "relay_tasks.cli"]
+    main_fd, terminal = pty.openpty()
+    argv = tune_argv(tiny, "meta_schedule", tmp_path / "tty", 6)
+    with subprocess.Popen([*command, *argv], stdout=subprocess.PIPE, stderr=terminal) as child:
+        os.close(terminal)
+        shown = b""
+        while True:
+            try:
+                chunk = os.read(main_fd, 4096)
+            except OSError:  # the terminal closed with the process
+                break
+            if not chunk:
+                break
+            shown += chunk
+        out = child.stdout.read().decode() if child.stdout else ""
+    os.close(main_fd)
+    assert b"tuning task 1/1 | " in shown and b"/6 measured" in shown
+    assert out.splitlines()[-1].startswith("6 valid measurements")
+    assert "tuning task" not in out
+    piped = subprocess.run([*command, *tune_argv(tiny, "meta_schedule", tmp_path / "pipe", 2)],
+                           capture_output=True, text=True, check=True)  # fmt: skip
+    assert piped.stderr == ""
+    assert piped.stdout.splitlines()[-1].startswith("2 valid measurements")
+
+
+def test_tuning_writes_only_into_the_work_dir(tmp_path: Path, monkeypatch) -> None:
+    cwd, work = tmp_path / "cwd", tmp_path / "work"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    mod, params = load("dense_softmax")
+    target = relay_tasks.host_target()
+    tasks = relay_tasks.extract(mod, target, params, tuner="ansor")[:1]
+    now = relay_tasks.tune(tasks, target, tuner="ansor", trials=2, work_dir=work)
+    assert now.valid == 2 == valid_count(work, "ansor")
+    assert {p.name for p in work.iterdir()} >= {"ansor.json", "total_latency.tsv", "tune.log"}
+    assert list(cwd.iterdir()) == []
+
+
+@pytest.mark.parametrize("tuner", TUNERS)
+def test_tune_through_an_rpc_tracker(tuner: str, tmp_path: Path) -> None:
+    from tvm.rpc.tracker import Tracker
+
+    from relay_tasks.rpc import start_server
+
+    tracker = Tracker(host="127.0.0.1", port=9190, port_end=9290, silent=True)
+    server = start_server(("127.0.0.1", tracker.port), "relay-tasks-test", port=9300)
+    try:
+        mod, params = load("dense_softmax")
+        target = relay_tasks.host_target()
+        tasks = relay_tasks.extract(mod, target, params, tuner=tuner)[:1]
+        now = relay_tasks.tune(tasks, target, tuner=tuner, trials=2, work_dir=tmp_path,
+                               rpc_tracker=f"127.0.0.1:{tracker.port}",
+                               rpc_key="relay-tasks-test")  # fmt: skip
+        assert now.valid == 2 == valid_count(tmp_path, tuner)
+    finally:
+        server.terminate()
+        tracker.terminate()
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def test_serve_stops_its_server_on_sigterm() -> None:
+    from tvm.rpc.tracker import Tracker
+
+    tracker = Tracker(host="127.0.0.1", port=9190, port_end=9290, silent=True)
+    try:
+        command = [sys.executable, "-m", "relay_tasks.cli", "serve", "--tracker",
+                   f"127.0.0.1:{tracker.port}", "--key", "relay-tasks-serve", "--port", "9400"]  # fmt: skip
+        serve = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+        assert serve.stderr is not None
+        assert "serving as 'relay-tasks-serve' at 127.0.0.1:" in serve.stderr.readline()
+        children = _children(serve.pid)
+        assert children, "the server runs in a child process"
+        serve.send_signal(signal.SIGTERM)
+        assert serve.wait(timeout=20) == 128 + signal.SIGTERM
+        time.sleep(0.5)
+        assert [c for c in children if Path(f"/proc/{c}").exists()] == []
+    finally:
+        tracker.terminate()
