@@ -9,6 +9,7 @@ tracker.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 
@@ -40,18 +41,39 @@ def start_server(
     """Start an RPC server registered at ``tracker`` under ``key``; returns ``tvm.rpc.Server``.
 
     It listens on ``host`` only: it runs whatever a client uploads, so reaching it from other
-    machines is the caller's explicit choice. It takes the first free port from ``port`` on; TVM
-    binds before it listens, so a port another process takes in between fails the start, which
-    is retried from the next hundred ports.
+    machines is the caller's explicit choice.
     """
     from tvm.rpc.server import Server
 
+    return _on_a_free_port(
+        lambda first: Server(
+            host=host,
+            port=first,
+            port_end=first + 100,
+            key=key,
+            tracker_addr=tracker,
+            silent=True,
+            server_init_callback=fix_load_module,
+        ),
+        port,
+    )
+
+
+def start_tracker(*, host: str = "127.0.0.1", port: int = 9190) -> Any:
+    """Start a TVM RPC tracker on ``host``; returns ``tvm.rpc.tracker.Tracker``."""
+    from tvm.rpc.tracker import Tracker
+
+    return _on_a_free_port(
+        lambda first: Tracker(host=host, port=first, port_end=first + 100, silent=True), port
+    )
+
+
+def _on_a_free_port(start: Callable[[int], Any], port: int) -> Any:
+    """TVM takes the first port it can bind from ``port`` on, then listens: another process can
+    take it in between, which fails the start. Retry from the next hundred ports."""
     for attempt in range(ATTEMPTS):
-        first = port + 100 * attempt
         try:
-            return Server(host=host, port=first, port_end=first + 100, key=key,
-                          tracker_addr=tracker, silent=True,
-                          server_init_callback=fix_load_module)  # fmt: skip
+            return start(port + 100 * attempt)
         except OSError as err:
             if "Address already in use" not in str(err) or attempt == ATTEMPTS - 1:
                 raise

@@ -42,6 +42,30 @@ def test_install_replaces_and_uninstall_restores() -> None:
     assert ms.relay_integration.extract_tasks is originals[0]
 
 
+def _names_of(functions: list) -> set[tuple[str, str]]:
+    """Every (module, attribute) among TVM's loaded modules that holds one of ``functions``:
+    found by scanning, not from a list, so a re-export nobody wrote down counts too."""
+    import sys
+
+    wanted = {id(f) for f in functions}
+    return {
+        (name, attr)
+        for name, module in list(sys.modules.items())
+        if name.startswith("tvm.") and module is not None
+        for attr, value in list(vars(module).items())
+        if id(value) in wanted
+    }
+
+
+def test_every_name_of_an_upstream_extractor_is_replaced_and_restored() -> None:
+    originals = _entry_points()
+    names = _names_of(originals)
+    assert len(names) >= 7  # the three extractors and their package re-exports
+    with relay_tasks.installed():
+        assert _names_of(originals) == set()  # not one name still reaches upstream's own
+    assert _names_of(originals) == names
+
+
 def test_installed_entry_points_equal_the_originals() -> None:
     ms_up, at_up, _, at_multi_up, ansor_up, _ = _entry_points()
     mod, params = load("conv_bias_bn_relu")
@@ -93,13 +117,11 @@ def test_an_autotvm_tuning_script_runs_unchanged(reference, tmp_path) -> None:
     """An upstream script measuring through an RPC tracker (AutoTVM's LocalRunner cannot measure
     on hhb-tvm at all: its stock server cannot load what the client sends); the device is
     relay-tasks' fixed server, as ``relay-tasks serve`` runs it."""
-    from tvm.rpc.tracker import Tracker
-
-    from relay_tasks.rpc import start_server
+    from relay_tasks.rpc import start_server, start_tracker
 
     mod, params, expected = reference
     target, log = relay_tasks.host_target(), str(tmp_path / "autotvm.log")
-    tracker = Tracker(host="127.0.0.1", port=9190, port_end=9290, silent=True)
+    tracker = start_tracker()
     server = start_server(("127.0.0.1", tracker.port), "dropin", port=9500)
     try:
         with relay_tasks.installed():

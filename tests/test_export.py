@@ -21,6 +21,7 @@ from tvm import meta_schedule as ms
 
 import relay_tasks
 from relay_tasks.adapters import get_adapter
+from relay_tasks.api import extract_models
 from relay_tasks.cli import main
 from relay_tasks.export import TaskFile, dumps, load_tasks, tasks_document
 
@@ -65,19 +66,23 @@ def _file(folder: Path, document: dict[str, Any] | str) -> Path:
 @pytest.mark.parametrize("target", [X86, CUDA])
 def test_task_files_round_trip(tuner: str, target: str, tmp_path: Path) -> None:
     mod, params = load("conv_bias_bn_relu")
-    tasks = relay_tasks.extract(mod, target, params, tuner=tuner)
-    document = tasks_document(tasks, tuner=tuner, target=tvm.target.Target(target), models=["m"])
+    # Two models with tasks of their own and shared ones, so per-task models differ.
+    other, other_params = load("depthwise_conv")
+    tasks = extract_models([("m", mod, params), ("n", other, other_params)], target, tuner=tuner)
+    assert len({t.models for t in tasks}) > 1
+    document = tasks_document(
+        tasks, tuner=tuner, target=tvm.target.Target(target), models=["m", "n"]
+    )
     path = tmp_path / "tasks.json"
     path.write_text(json.dumps(document))
     loaded = load_tasks(path)
     assert (loaded.tuner, str(loaded.target), loaded.models) == (
         tuner,
         str(tvm.target.Target(target)),
-        ("m",),
+        ("m", "n"),
     )
-    assert [(t.name, t.weight, t.key) for t in loaded.tasks] == [
-        (t.name, t.weight, t.key) for t in tasks
-    ]
+    fields = lambda t: (t.name, t.weight, t.anchor_op, t.key, t.models)  # noqa: E731
+    assert [fields(t) for t in loaded.tasks] == [fields(t) for t in tasks]
     for ours, back in zip(tasks, loaded.tasks, strict=True):
         if tuner == "meta_schedule":
             assert tvm.ir.structural_equal(ours.native.dispatched[0], back.native.dispatched[0])

@@ -225,7 +225,7 @@ def measurements(tasks: Sequence[TunerTask], work_dir: Path) -> list[Measurement
             codes = vars(auto_scheduler.measure.MeasureErrorNo).items()
             name = next((k for k, v in codes if v == int(res.error_no)), "ERROR")
             cause = describe_text(str(res.error_msg))
-            result.append(Measurement(task_key, None, f"{name}: {cause}"[:300]))
+            result.append(Measurement(task_key, None, f"{name}: {cause}"[:300] if cause else name))
     return result
 
 

@@ -270,9 +270,7 @@ def _measure_option(runner: Runner) -> Iterator[Any]:
     """AutoTVM's LocalRunner measures through hhb-tvm's stock RPC server, which cannot load what
     its client sends (every measurement fails): measure locally through a private tracker and
     relay-tasks' fixed server instead."""
-    from tvm.rpc.tracker import Tracker
-
-    from ..rpc import start_server
+    from ..rpc import start_server, start_tracker
 
     options = {"number": 1, "repeat": 1, "timeout": runner.timeout}
     if runner.tracker is not None:
@@ -280,7 +278,7 @@ def _measure_option(runner: Runner) -> Iterator[Any]:
         rpc = autotvm.RPCRunner(runner.key, host, port, **options)
         yield autotvm.measure_option(builder=autotvm.LocalBuilder(), runner=rpc)
         return
-    tracker = Tracker(host="127.0.0.1", port=9190, port_end=10000, silent=True)
+    tracker = start_tracker()
     key = "relay-tasks-local"
     server = start_server(("127.0.0.1", tracker.port), key, port=9300)
     try:

@@ -37,6 +37,8 @@ TASKS_FILE = "tasks.json"
 LOG_FILE = "tune.log"
 #: The worker's last word when it fails, for the one-line error.
 FAILURE_MARK = "relay-tasks-worker: error: "
+#: Target kinds that measure on a device other than this CPU.
+GPU_KINDS = frozenset({"cuda", "rocm", "vulkan", "opencl", "metal"})
 #: Seconds a stopped worker gets before its process group is killed.
 GRACE = 2.0
 
@@ -122,7 +124,7 @@ def _check_device(target: Any, runner: Runner) -> None:
     import tvm
 
     kind = target.kind.name
-    if runner.tracker is None and kind != "llvm" and not tvm.device(kind, 0).exist:
+    if runner.tracker is None and kind in GPU_KINDS and not tvm.device(kind, 0).exist:
         raise TargetError(
             f"this machine has no {kind} device to measure on: tune for it through a tracker "
             "(--rpc-tracker HOST:PORT --rpc-key KEY, with relay-tasks serve on the device)"

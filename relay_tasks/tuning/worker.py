@@ -39,15 +39,18 @@ def tune_until(
     adapter: Adapter, tasks: list[TunerTask], target: Any, trials: int, folder: Path, runner: Runner
 ) -> None:
     """Tuners spend their budget on attempts, failed ones included; passes go on until the
-    records hold ``trials`` valid measurements, or a pass adds none (the supervisor then reports
-    the failures)."""
-    valid = _valid(adapter, tasks, folder)
-    while valid < trials:
+    records hold ``trials`` valid measurements, or ``BARREN_PASSES`` passes in a row add none
+    (the supervisor then reports the failures). One barren pass is no verdict: Ansor's small
+    rounds can draw only states that fail to instantiate."""
+    valid, barren = _valid(adapter, tasks, folder), 0
+    while valid < trials and barren < BARREN_PASSES:
         adapter.tune(tasks, target, trials, folder, runner)
         now = _valid(adapter, tasks, folder)
-        if now == valid:
-            return
+        barren = barren + 1 if now == valid else 0
         valid = now
+
+
+BARREN_PASSES = 3
 
 
 def _valid(adapter: Adapter, tasks: list[TunerTask], folder: Path) -> int:

@@ -68,7 +68,7 @@ def test_a_tune_where_every_measurement_fails_says_why(tiny, tmp_path, capsys) -
     err = capsys.readouterr().err
     assert code == relay_tasks.TuningError.exit_code
     assert len(err.splitlines()) == 1
-    assert err.startswith("relay-tasks: error: all 2 measurements failed; the first: ")
+    assert re.match(r"relay-tasks: error: all \d+ measurements failed; the first: \S", err)
     assert "tune.log" in err
 
 
@@ -160,11 +160,9 @@ def test_tuning_writes_only_into_the_work_dir(tmp_path: Path, monkeypatch) -> No
 
 @pytest.mark.parametrize("tuner", TUNERS)
 def test_tune_through_an_rpc_tracker(tuner: str, tmp_path: Path) -> None:
-    from tvm.rpc.tracker import Tracker
+    from relay_tasks.rpc import start_server, start_tracker
 
-    from relay_tasks.rpc import start_server
-
-    tracker = Tracker(host="127.0.0.1", port=9190, port_end=9290, silent=True)
+    tracker = start_tracker()
     server = start_server(("127.0.0.1", tracker.port), "relay-tasks-test", port=9300)
     try:
         mod, params = load("dense_softmax")
@@ -192,9 +190,9 @@ def _children(pid: int) -> list[int]:
 
 
 def test_serve_stops_its_server_on_sigterm() -> None:
-    from tvm.rpc.tracker import Tracker
+    from relay_tasks.rpc import start_tracker
 
-    tracker = Tracker(host="127.0.0.1", port=9190, port_end=9290, silent=True)
+    tracker = start_tracker()
     try:
         command = [sys.executable, "-m", "relay_tasks.cli", "serve", "--tracker",
                    f"127.0.0.1:{tracker.port}", "--key", "relay-tasks-serve", "--port", "9400"]  # fmt: skip
