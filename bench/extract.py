@@ -94,7 +94,7 @@ def _extract(side: str, tuner: str, mod: Any, target: Any, params: Any) -> list[
     else:
         from relay_tasks.ansor import extract_tasks as ansor_tasks
 
-        searches, weights = ansor_tasks(mod, params, target, hardware_params=hardware)
+        searches, weights = ansor_tasks(mod, target, params, hardware_params=hardware)
     return [[t.workload_key, t.desc, int(w)] for t, w in zip(searches, weights, strict=True)]
 
 

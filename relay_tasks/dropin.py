@@ -136,8 +136,8 @@ def _ansor(original: Callable[..., Any]) -> Callable[..., Any]:
             )  # fmt: skip
         return ansor.extract_tasks(
             mod,
-            params,
             target,
+            params,
             target_host=target_host,
             hardware_params=hardware_params,
             include_simple_tasks=include_simple_tasks,

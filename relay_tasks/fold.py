@@ -14,7 +14,9 @@ call; anything else falls through to TVM.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import numpy as np
@@ -22,7 +24,8 @@ import numpy.typing as npt
 import tvm
 from tvm import relay
 
-from .ir import with_functions
+from .errors import ExtractionError
+from .ir import is_primitive_task, with_functions
 
 Array = npt.NDArray[Any]
 Evaluator = Callable[[Any, Sequence[Array]], Array | None]
@@ -350,6 +353,50 @@ def prefold_function(func: relay.Function, *, defer: bool = False) -> relay.Func
     return _Prefolder(defer).fold(func)
 
 
+#: Placeholders of the extraction in progress that are still unfilled, by handle: deferral
+#: happens only inside :func:`deferred_placeholders`, whose caller checks none is ever lowered.
+_PLACEHOLDERS: ContextVar[dict[int, relay.Constant] | None] = ContextVar(
+    "relay_tasks_placeholders", default=None
+)
+
+
+@contextmanager
+def deferred_placeholders() -> Iterator[dict[int, relay.Constant]]:
+    """Allow the last fold to defer large results while this is open; yields the placeholders
+    still unfilled, for :func:`refuse_placeholders` to check once the module is fused."""
+    unfilled: dict[int, relay.Constant] = {}
+    token = _PLACEHOLDERS.set(unfilled)
+    try:
+        yield unfilled
+    finally:
+        _PLACEHOLDERS.reset(token)
+
+
+def refuse_placeholders(fused: tvm.IRModule, unfilled: Mapping[int, relay.Constant]) -> None:
+    """Fail loudly if a placeholder that was never filled sits inside a primitive function:
+    lowering would read its uninitialised buffer into the task (constants are linked into fused
+    functions only with ``link-params``, when nothing is deferred; this guards that rule)."""
+    if not unfilled:
+        return
+    found: list[str] = []
+
+    def visit(node: Any) -> None:
+        if isinstance(node, relay.Function) and is_primitive_task(node):
+            inner: list[Any] = []
+            relay.analysis.post_order_visit(node.body, inner.append)
+            if any(isinstance(n, relay.Constant) and n.handle.value in unfilled for n in inner):
+                found.append(str(node.attrs["hash"]) if "hash" in node.attrs else "a function")
+
+    for func in fused.functions.values():
+        if isinstance(func, relay.Function):
+            relay.analysis.post_order_visit(func, visit)
+    if found:
+        raise ExtractionError(
+            f"a constant whose value was deferred and never computed is inside {found[0]}; "
+            "relay-tasks would lower an uninitialised buffer (please report this model)"
+        )
+
+
 class _Prefolder:
     def __init__(self, defer: bool) -> None:
         self.defer = defer
@@ -382,7 +429,7 @@ class _Prefolder:
         if operands is None or call.op.name not in EVALUATORS:
             return call
         ttype = _known_type(original, call)
-        if self.defer and _is_large(ttype):
+        if self.defer and _is_large(ttype) and _PLACEHOLDERS.get() is not None:
             return self._deferred_constant(call, operands, ttype)
         result = evaluate_call(call, [self.value_of(c) for c in operands], ttype)
         return call if result is None else relay.Constant(tvm.nd.array(result))
@@ -400,6 +447,9 @@ class _Prefolder:
             return result
 
         self.pending[const.handle.value] = compute
+        unfilled = _PLACEHOLDERS.get()
+        if unfilled is not None:
+            unfilled[const.handle.value] = const
         return const
 
     def value_of(self, const: relay.Constant) -> Array:
@@ -407,6 +457,9 @@ class _Prefolder:
         compute = self.pending.pop(key, None)
         if compute is not None:
             const.data.copyfrom(compute())
+            unfilled = _PLACEHOLDERS.get()
+            if unfilled is not None:
+                unfilled.pop(key, None)
         if key not in self.views:
             self.views[key] = _view(const.data)
         return self.views[key]
@@ -526,6 +579,17 @@ def _rebuild(node: Any, get: Callable[[Any], Any]) -> Any:
     return None
 
 
+def links_params(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> bool:
+    """Whether FuseOps will put constants inside the fused functions, decided as FuseOps decides:
+    ``relay.FuseOps.link_params`` if set, else the module's executor's ``link-params``."""
+    configured = ctx.config.get("relay.FuseOps.link_params")
+    if configured is not None:
+        return bool(configured)
+    executor = mod.get_attr("executor")
+    attrs = executor.attrs if executor is not None else None
+    return attrs is not None and "link-params" in attrs and bool(attrs["link-params"])
+
+
 @tvm.transform.module_pass(opt_level=2, name="FoldConstant")
 class FoldConstant:
     """Drop-in for ``relay.transform.FoldConstant()``: numpy first, TVM for what remains.
@@ -539,7 +603,7 @@ class FoldConstant:
         self.last = last
 
     def transform_module(self, mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        defer = self.last and not bool(ctx.config.get("relay.FuseOps.link_params", False))
+        defer = self.last and not links_params(mod, ctx)
         updates = {}
         for gvar, func in mod.functions.items():
             if isinstance(func, relay.Function):

@@ -19,7 +19,7 @@ from tvm.ir.transform import PassContext
 from tvm.target import Target
 
 from .errors import ExtractionError, ModelError, RelayTasksError, describe_failure
-from .fold import FoldConstant
+from .fold import FoldConstant, deferred_placeholders, refuse_placeholders
 from .ir import with_functions
 from .simplify import QnnLegalize, SimplifyExpr, SimplifyExprPostAlterOp
 
@@ -197,7 +197,10 @@ def optimize(mod: IRModule, params: Mapping[str, tvm.nd.NDArray]) -> IRModule:
     """Bind params and run the pass prefix and FuseOps. Call inside :func:`extraction_scope`."""
     try:
         steps = [*pass_prefix(), relay.transform.FuseOps()]
-        return run_passes(steps, bind_params(mod, params))
+        with deferred_placeholders() as unfilled:
+            fused = run_passes(steps, bind_params(mod, params))
+            refuse_placeholders(fused, unfilled)
+        return fused
     except RelayTasksError:
         raise
     except Exception as err:  # TOPI's legalize / alter-layout hooks raise anything at all

@@ -75,8 +75,8 @@ def assert_ansor_matches(
         with cuda_injective_schedules():
             tasks, weights = ansor_extract_tasks(
                 copy_module(mod),
-                params,
                 target,
+                params,
                 hardware_params=oracles.hardware_params(target),
                 include_simple_tasks=include_simple_tasks,
             )

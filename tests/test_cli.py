@@ -371,3 +371,26 @@ def test_input_shapes_retype_a_relay_text_model_and_apply_per_model(tiny_model, 
     assert len(json.loads(capsys.readouterr().out)["tasks"]) == 1  # the same task, merged
     assert main([*base, "--input-shapes", "data:[3,8]", "--input-shapes", "data:[5,8]"]) == 0
     assert len(json.loads(capsys.readouterr().out)["tasks"]) == 2  # batch 3 and batch 5
+
+
+def test_status_lines_go_to_a_terminal_and_never_to_stdout(tiny_model) -> None:
+    """On a terminal stderr gets "N tasks in X s"; stdout holds the table alone either way."""
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    text, params = tiny_model
+    command = [sys.executable, "-m", "relay_tasks.cli", "extract", str(text), "--params",
+               str(params), "--target", X86]  # fmt: skip
+    main_fd, terminal = pty.openpty()
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=terminal) as child:
+        os.close(terminal)
+        out = child.stdout.read().decode() if child.stdout else ""
+        child.wait()
+    shown = os.read(main_fd, 4096).decode()
+    os.close(main_fd)
+    assert out == TINY_TABLE
+    assert shown.startswith("1 tasks in ") and shown.rstrip().endswith(" s")
+    piped = subprocess.run(command, capture_output=True, text=True, check=True)
+    assert (piped.stdout, piped.stderr) == (TINY_TABLE, "")

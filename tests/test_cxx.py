@@ -10,18 +10,33 @@ from pathlib import Path
 import pytest
 
 from relay_tasks import cxx
-from relay_tasks.cxx import hash_combine, std_hash_string, std_sort
+from relay_tasks.cxx import hash_combine, std_hash_string, std_sort, unordered_map_order
 
 _PROGRAM = r"""
 #include <algorithm>
 #include <functional>
 #include <iostream>
 #include <string>
+#include <unordered_map>
 #include <vector>
+static std::vector<unsigned long> codes;
+struct ByCode {  // a key is an index; its hash is the code given for it
+  size_t operator()(int i) const { return codes[i]; }
+};
 int main() {
   std::string mode;
   std::cin >> mode;
-  if (mode == "hash") {
+  if (mode == "map") {
+    int n;
+    while (std::cin >> n) {
+      codes.assign(n, 0);
+      for (int i = 0; i < n; ++i) std::cin >> codes[i];
+      std::unordered_map<int, int, ByCode> map;
+      for (int i = 0; i < n; ++i) map[i] = i;
+      for (const auto& kv : map) std::cout << kv.first << " ";
+      std::cout << "\n";
+    }
+  } else if (mode == "hash") {
     std::string line;
     std::getline(std::cin, line);
     while (std::getline(std::cin, line)) std::cout << std::hash<std::string>{}(line) << "\n";
@@ -116,3 +131,18 @@ def test_std_sort_falls_back_to_heap_sort_like_libstdcxx(
 def test_hash_combine_is_dmlc_formula() -> None:
     assert hash_combine(0, 0) == 0x9E3779B9
     assert hash_combine(1, 2) == 1 ^ (2 + 0x9E3779B9 + (1 << 6) + (1 >> 2))
+
+
+@pytest.mark.parametrize("size", [0, 1, 2, 3, 12, 13, 29, 60, 97, 200, 500])
+def test_unordered_map_order_matches_libstdcxx(libstdcxx: Path, size: int) -> None:
+    """Iteration order after inserting keys with these hash codes, rehashes included: random
+    64-bit codes (as TVM's compile-cache keys are) and codes that collide in small tables."""
+    rng = random.Random(size)
+    rows = [[rng.getrandbits(64) for _ in range(size)] for _ in range(10)]
+    rows += [
+        [rng.randrange(0, 7) * 13 + rng.randrange(0, 2) for _ in range(size)] for _ in range(5)
+    ]
+    text = "map\n" + "".join(f"{len(r)} {' '.join(map(str, r))}\n" for r in rows)
+    expected = _run(libstdcxx, text)
+    for codes, line in zip(rows, expected, strict=True):
+        assert unordered_map_order(codes) == [int(x) for x in line.split()]

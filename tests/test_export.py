@@ -344,3 +344,13 @@ def _same_task_files(a: TaskFile, b: TaskFile) -> bool:
         if not same:
             return False
     return True
+
+
+@pytest.mark.parametrize(
+    "field", ["index", "name", "weight", "anchor_op", "gflop", "key", "models", "payload"]
+)
+def test_a_task_without_one_of_its_fields_is_refused(field: str, task_texts, tmp_path) -> None:
+    document = json.loads(task_texts["autotvm"])
+    del document["tasks"][1][field]
+    with pytest.raises(relay_tasks.ModelError, match=f'task 1 has no "{field}"; re-extract it'):
+        load_tasks(_file(tmp_path, _sealed(document)))

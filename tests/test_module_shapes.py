@@ -63,7 +63,7 @@ def test_where_the_vm_compiler_rejects_a_module_the_compiling_tuners_say_so(mode
     with pytest.raises(ExtractionError, match=message):
         relay_tasks.autotvm.extract_tasks(copy_module(mod), X86, params)
     with pytest.raises(ExtractionError, match="does not match"):
-        relay_tasks.ansor.extract_tasks(copy_module(mod), params, X86)
+        relay_tasks.ansor.extract_tasks(copy_module(mod), X86, params)
     assert extract_task_from_relay(copy_module(mod), X86, params)
 
 
@@ -77,7 +77,7 @@ def test_functions_only_other_globals_call_are_tasks_of_the_compiling_tuners() -
     autotvm = [t.name for t in relay_tasks.autotvm.extract_tasks(copy_module(mod), CUDA, params)]
     assert "dense_small_batch.gpu" in autotvm
     searches, weights = relay_tasks.ansor.extract_tasks(
-        copy_module(mod), params, CUDA, hardware_params=oracles.hardware_params(CUDA)
+        copy_module(mod), CUDA, params, hardware_params=oracles.hardware_params(CUDA)
     )
     by_desc = dict(zip((t.desc for t in searches), weights, strict=True))
     # Two convolutions of different shapes (main's, block's): each lowered once, weight 1.
@@ -115,7 +115,7 @@ def test_params_as_a_tvm_map(target: str) -> None:
     autotvm = relay_tasks.autotvm.extract_tasks(copy_module(mod), target, loaded)
     assert [(t.name, t.args) for t in autotvm] == assert_autotvm_matches(mod, params, target)
     searches, weights = relay_tasks.ansor.extract_tasks(
-        copy_module(mod), loaded, target, hardware_params=oracles.hardware_params(target)
+        copy_module(mod), target, loaded, hardware_params=oracles.hardware_params(target)
     )
     assert [(t.workload_key, t.desc, w) for t, w in zip(searches, weights, strict=True)] == (
         assert_ansor_matches(mod, params, target)

@@ -9,7 +9,7 @@ from tvm.relay.op import op as _op
 from tvm.relay.op.strategy.generic import wrap_compute_dense, wrap_topi_schedule
 from tvm.relay.testing.temp_op_attr import TempOpAttr
 
-from relay_tasks import ModelError
+from relay_tasks import ModelError, UsageError
 from relay_tasks.adapters import get_adapter
 from relay_tasks.ansor import extract_tasks
 
@@ -21,7 +21,7 @@ from zoo import CUDA, X86, load, model_target_rows
 def _ours(model: str, target: str, **options) -> list[tuple]:
     mod, params = load(model)
     tasks, weights = extract_tasks(
-        mod, params, target, hardware_params=oracles.hardware_params(target), **options
+        mod, target, params, hardware_params=oracles.hardware_params(target), **options
     )
     return [(t.workload_key, t.desc, w) for t, w in zip(tasks, weights, strict=True)]
 
@@ -64,7 +64,7 @@ def test_nhwc_models_equal_upstream(target: str) -> None:
         tasks, weights = auto_scheduler.extract_tasks(
             upstream_copy["main"], params, target, hardware_params=hardware
         )
-        ours, our_weights = extract_tasks(nhwc, params, target, hardware_params=hardware)
+        ours, our_weights = extract_tasks(nhwc, target, params, hardware_params=hardware)
     assert "NHWC" in nhwc.astext()
     assert [(t.workload_key, t.desc) for t in ours] == [(t.workload_key, t.desc) for t in tasks]
     assert our_weights == [int(w) for w in weights]
@@ -103,7 +103,7 @@ def test_a_broken_te_schedule_does_not_stop_extraction() -> None:
 
 def test_tasks_are_search_tasks_ready_to_tune() -> None:
     mod, params = load("conv_bias_bn_relu")
-    tasks, weights = extract_tasks(mod, params, X86)
+    tasks, weights = extract_tasks(mod, X86, params)
     assert all(isinstance(t, auto_scheduler.SearchTask) for t in tasks)
     assert all(w >= 1 for w in weights)
     assert all(t.compute_dag is not None for t in tasks)
@@ -117,3 +117,9 @@ def test_registry_takes_target_before_params_like_every_tuner() -> None:
     )
     with pytest.raises(ModelError, match="unknown Ansor option\\(s\\): ops"):
         get_adapter("ansor").extract(mod, X86, params, ops=[])
+
+
+def test_upstreams_argument_order_is_refused_with_the_house_order_named() -> None:
+    mod, params = load("dense_softmax")
+    with pytest.raises(UsageError, match=r"takes \(mod, target, params\)"):
+        extract_tasks(mod, params, X86)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import tvm
 from tvm import meta_schedule as ms
+from tvm import relay
 
 from relay_tasks import ModelError
 from relay_tasks.adapters import get_adapter
@@ -103,3 +105,91 @@ def _has_tensor_constant(task) -> bool:
             ),
         )
     return bool(found)
+
+
+def _parallel_branches(op: str, branches: int) -> tuple[tvm.IRModule, dict]:
+    """``branches`` equal-shaped convs (or denses) of one input, summed: what the
+    CombineParallel* passes of opt_level 4 merge once there are at least three."""
+    rng = np.random.default_rng(branches)
+    if op == "conv2d":
+        data, shape = relay.var("data", shape=(1, 8, 16, 16)), (8, 8, 1, 1)
+        apply = lambda x, w: relay.nn.conv2d(x, w, channels=8, kernel_size=(1, 1))  # noqa: E731
+    else:
+        data, shape = relay.var("data", shape=(4, 16)), (16, 16)
+        apply = relay.nn.dense
+    weights = [relay.var(f"w{i}", shape=shape) for i in range(branches)]
+    out = apply(data, weights[0])
+    for w in weights[1:]:
+        out = relay.add(out, apply(data, w))
+    mod = tvm.IRModule.from_expr(relay.Function([data, *weights], out))
+    params = {w.name_hint: rng.standard_normal(shape).astype("float32") for w in weights}
+    return mod, params
+
+
+@pytest.mark.parametrize("branches", [2, 3])
+@pytest.mark.parametrize("op", ["conv2d", "dense"])
+def test_parallel_branches_at_opt_level_4(op: str, branches: int) -> None:
+    mod, params = _parallel_branches(op, branches)
+    target = tvm.target.Target(X86)
+    expected = ms.relay_integration.extract_tasks(mod, target, params, opt_level=4)
+    actual = extract_task_from_relay(mod, target, params, opt_level=4)
+    assert_same_extracted_tasks(expected, actual)
+    at_3 = extract_task_from_relay(mod, target, params)
+    combined = [t.task_name for t in actual] != [t.task_name for t in at_3]
+    assert combined == (branches >= 3)  # the row proves what it is for
+
+
+def _wide_blocks() -> tuple[tvm.IRModule, dict]:
+    """repeated_blocks with 32 channels: each conv weight (9,216 values, and its NCHWc copy) is
+    large enough for the last fold to defer it, unless FuseOps links it into the task."""
+    rng = np.random.default_rng(11)
+    data = relay.var("data", shape=(1, 32, 8, 8))
+    out, params = data, {}
+    for i in range(4):
+        w = relay.var(f"w{i}", shape=(32, 32, 3, 3))
+        conv = relay.nn.relu(relay.nn.conv2d(out, w, padding=(1, 1), kernel_size=(3, 3)))
+        out = conv + out if i % 2 else conv
+        params[f"w{i}"] = rng.standard_normal((32, 32, 3, 3)).astype("float32")
+    free = relay.analysis.free_vars(out)
+    return tvm.IRModule.from_expr(relay.Function(free, out)), params
+
+
+@pytest.mark.parametrize("model", ["repeated_blocks", "wide_blocks"])
+@pytest.mark.parametrize("target", [X86, CUDA])
+def test_linked_params_make_ignore_ndarray_merge_blocks_that_differ_in_weights(
+    target: str, model: str
+) -> None:
+    """With link-params (asked by the module's executor) the weights are constants inside the
+    primitive functions, so the four equal conv blocks differ only in constant values:
+    ``ignore-ndarray`` merges them (fewer tasks, larger weights) where ``structural`` does not,
+    and the constants in each task are the weights' own values."""
+    from zoo import copy_module
+
+    mod, params = load(model) if model == "repeated_blocks" else _wide_blocks()
+    mod = mod.with_attr("executor", relay.backend.Executor("graph", {"link-params": True}))
+    counts = {}
+    for equality in ("structural", "ignore-ndarray"):
+        actual = extract_task_from_relay(mod, target, params, module_equality=equality)
+        expected = ms.relay_integration.extract_tasks(
+            copy_module(mod), tvm.target.Target(target), params, module_equality=equality
+        )
+        assert_same_extracted_tasks(expected, actual)
+        counts[equality] = [int(t.weight) for t in actual]
+    assert len(counts["ignore-ndarray"]) < len(counts["structural"])
+    assert sum(counts["ignore-ndarray"]) == sum(counts["structural"])
+
+
+def test_a_deferred_constant_inside_a_task_fails_loudly() -> None:
+    """The last fold may leave a large constant uncomputed; if one ever reached a primitive
+    function, lowering would read an uninitialised buffer: extraction must refuse instead."""
+    from relay_tasks.errors import ExtractionError
+    from relay_tasks.fold import refuse_placeholders
+
+    placeholder = relay.Constant(tvm.nd.empty((64, 64), "float32"))
+    x = relay.var("x", shape=(64, 64))
+    fused = relay.Function([x], relay.add(x, placeholder)).with_attr("Primitive", 1)
+    y = relay.var("y", shape=(64, 64))
+    mod = tvm.IRModule.from_expr(relay.Function([y], relay.Call(fused, [y])))
+    refuse_placeholders(mod, {})  # nothing deferred: nothing to refuse
+    with pytest.raises(ExtractionError, match="deferred and never computed"):
+        refuse_placeholders(mod, {placeholder.handle.value: placeholder})
