@@ -55,3 +55,23 @@ def test_compile_names_the_tasks_without_records(tuned: dict[str, Path], tmp_pat
     assert "the records cover 1 of the model's 2 tasks; not tuned (built with default " in err
     assert "fused_nn_dense" in err.split("not tuned")[1]
     assert library.stat().st_size > 0
+
+
+def test_benchmark_through_a_tracker(tuned: dict[str, Path], tiny, tmp_path, capsys) -> None:
+    """The library goes to the device behind the tracker (here relay-tasks' server on this
+    machine), runs there, and both latencies come back."""
+    from relay_tasks.rpc import start_server, start_tracker
+
+    text, params = tiny
+    tracker = start_tracker()
+    server = start_server(("127.0.0.1", tracker.port), "bench-device", port=9600)
+    try:
+        argv = ["compile", str(text), "--params", str(params), "--work-dir",
+                str(tuned["autotvm"]), "-o", str(tmp_path / "m.so"), "--benchmark",
+                "--rpc-tracker", f"127.0.0.1:{tracker.port}", "--rpc-key", "bench-device"]  # fmt: skip
+        assert main(argv) == 0
+    finally:
+        server.terminate()
+        tracker.terminate()
+    line = capsys.readouterr().out.splitlines()[1]
+    assert re.fullmatch(r"tuned [0-9.]+ ms, untuned [0-9.]+ ms \([0-9.]+x\)", line)
