@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from .adapters import ansor, autotvm, meta_schedule
+from .errors import RelayTasksError
 from .inputs import as_module
 
 _originals: dict[tuple[str, str], Any] = {}
@@ -58,6 +59,37 @@ def installed() -> Iterator[None]:
             uninstall()
 
 
+def _upstream_errors(extract: Callable[..., Any]) -> Callable[..., Any]:
+    """Scripts written for upstream catch ``tvm.TVMError``: relay-tasks' own errors reach them
+    as classes that are both (a ``ModelError`` that is also a ``TVMError``), same message."""
+
+    @functools.wraps(extract)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return extract(*args, **kwargs)
+        except RelayTasksError as err:
+            both = _also_tvm_error(type(err))
+            if both is None:
+                raise
+            raise both(*err.args) from err
+
+    return call
+
+
+def _also_tvm_error(cls: type[RelayTasksError]) -> type[RelayTasksError] | None:
+    import tvm
+
+    if cls not in _BOTH:
+        try:
+            _BOTH[cls] = type(cls.__name__, (cls, tvm.TVMError), {"__module__": cls.__module__})
+        except TypeError:  # an incompatible base (ImportError's layout): keep the error as is
+            _BOTH[cls] = None
+    return _BOTH[cls]
+
+
+_BOTH: dict[type[RelayTasksError], type[RelayTasksError] | None] = {}
+
+
 def _meta_schedule(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def extract_tasks(
@@ -81,7 +113,7 @@ def _meta_schedule(original: Callable[..., Any]) -> Callable[..., Any]:
             )  # fmt: skip
         if executor is not None:
             mod = as_module(mod).with_attr("executor", executor)
-        return meta_schedule.extract_task_from_relay(
+        return _upstream_errors(meta_schedule.extract_task_from_relay)(
             mod,
             target,
             params,
@@ -99,7 +131,9 @@ def _autotvm_single(original: Callable[..., Any]) -> Callable[..., Any]:
     def extract_from_program(
         mod: Any, params: Any, target: Any, target_host: Any = None, ops: Any = None
     ) -> Any:
-        return autotvm.extract_tasks(mod, target, params, ops=ops, target_host=target_host)
+        return _upstream_errors(autotvm.extract_tasks)(
+            mod, target, params, ops=ops, target_host=target_host
+        )
 
     return extract_from_program
 
@@ -109,7 +143,7 @@ def _autotvm_multiple(original: Callable[..., Any]) -> Callable[..., Any]:
     def extract_from_multiple_program(
         mods: Any, params: Any, target: Any, target_host: Any = None, ops: Any = None
     ) -> Any:
-        return autotvm.extract_tasks_from_models(
+        return _upstream_errors(autotvm.extract_tasks_from_models)(
             list(mods), list(params), target, ops=ops, target_host=target_host
         )
 
@@ -134,7 +168,7 @@ def _ansor(original: Callable[..., Any]) -> Callable[..., Any]:
                 mod, params, target, target_host, hardware_params, include_simple_tasks,
                 dump_workload_to_dag_log, opt_level, other_targets,
             )  # fmt: skip
-        return ansor.extract_tasks(
+        return _upstream_errors(ansor.extract_tasks)(
             mod,
             target,
             params,

@@ -204,3 +204,22 @@ def test_a_meta_schedule_tuning_script_runs_unchanged(reference, tmp_path) -> No
     seconds = [np.mean([float(s) for s in record.run_secs]) for record in records]
     assert len(records) >= 2 and all(0 < s < 1 for s in seconds)  # valid measurements only
     np.testing.assert_allclose(_run(lib, mod), expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("tuner", ["meta_schedule", "autotvm", "ansor"])
+def test_errors_reach_scripts_that_catch_tvm_errors(tuner: str) -> None:
+    """Upstream raises ``tvm.TVMError`` where relay-tasks raises its own errors: through the
+    drop-in, ours are both, so ``except tvm.TVMError`` in an existing script still catches them."""
+    mod, params = load("dense_softmax")
+    wrong = {**params, "not_a_weight": np.zeros(3, "float32")}  # a ModelError in relay-tasks
+    target = tvm.target.Target(X86)
+    with relay_tasks.installed():
+        extract = {
+            "meta_schedule": lambda: ms.relay_integration.extract_tasks(mod, target, wrong),
+            "autotvm": lambda: autotvm.task.extract_from_program(mod["main"], wrong, target),
+            "ansor": lambda: auto_scheduler.extract_tasks(mod["main"], wrong, target),
+        }[tuner]
+        with pytest.raises(tvm.TVMError) as caught:
+            extract()
+    assert isinstance(caught.value, relay_tasks.ModelError)
+    assert "match no parameter of main: not_a_weight" in str(caught.value)
