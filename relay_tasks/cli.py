@@ -26,6 +26,7 @@ from .errors import (
 )
 from .loaders import FORMATS
 from .loaders.zoo import DEFAULT_MODEL, MODELS
+from .table import aligned
 
 EXIT_USAGE = UsageError.exit_code  # argparse's own errors exit 2 too
 EXIT_INTERNAL = 70
@@ -235,7 +236,9 @@ def _extract(args: argparse.Namespace) -> int:
         document = tasks_document(tasks, tuner=args.tuner, target=_target(args), models=args.models)
         text = dumps(document)
     else:
-        flops = [get_adapter(args.tuner).flops(t.native) for t in tasks]
+        from .tuning.status import task_flops
+
+        flops = task_flops(get_adapter(args.tuner), tasks)
         text = format_table(tasks, flops, several=len(args.models) > 1)
     _write(text + "\n", args.output)
     return 0
@@ -275,24 +278,19 @@ def _tune(args: argparse.Namespace) -> int:
 
 
 def _status_verb(args: argparse.Namespace) -> int:
-    from .export import load_tasks
+    from .api import extract_models
     from .tuning import standing
-    from .tuning.compile import plan
     from .tuning.status import format_status, plot, task_flops
-    from .tuning.tune import TASKS_FILE, work_folder
+    from .tuning.tune import tuned_for
 
     folder = Path(args.work_dir)
-    if not (folder / TASKS_FILE).is_file():
-        raise UsageError(f"{folder} is not a relay-tasks work dir (no {TASKS_FILE})")
-    folder = work_folder(folder)
+    tuned = tuned_for(folder)
+    adapter = get_adapter(tuned.tuner)
     if args.models:
         models = _loaded_models(args, args.models)
-        tasks = [t for _, mod, params in models for t in plan(mod, params, folder).tasks]
-        tasks = list({t.key: t for t in tasks}.values())
-        adapter = get_adapter(load_tasks(folder / TASKS_FILE).tuner)
+        tasks = extract_models(models, tuned.target, tuner=adapter)
     else:
-        loaded = load_tasks(folder / TASKS_FILE)
-        adapter, tasks = get_adapter(loaded.tuner), loaded.tasks
+        tasks = tuned.tasks
     records = adapter.measurements(tasks, folder)
     now = standing(tasks, records)
     print(format_status(now, task_flops(adapter, tasks)))
@@ -366,14 +364,7 @@ def format_table(tasks: list[TunerTask], flops: Sequence[float], *, several: boo
         share = f"{t.weight * f / total:.1%}" if total else "-"
         row = (str(i), t.name, str(t.weight), f"{f / 1e9:.4g}", share, t.anchor_op)
         rows.append(row + ((",".join(t.models),) if several else ()))
-    widths = [max(len(r[c]) for r in rows) for c in range(len(header))]
-    left = {1, 5}  # names read better left-aligned, numbers right-aligned
-    lines = []
-    for r in rows:
-        cells = [cell.ljust(widths[c]) if c in left else cell.rjust(widths[c])
-                 for c, cell in enumerate(r)]  # fmt: skip
-        lines.append("  ".join(cells).rstrip())
-    return "\n".join(lines)
+    return "\n".join(aligned(rows, left={1, 5}))
 
 
 def _one_line_warning(message: Warning | str, category: type[Warning], *_: Any, **__: Any) -> None:

@@ -157,7 +157,7 @@ _TASK = {
     "gflop": ("a number", lambda v: type(v) in (int, float) and v >= 0),
     "key": ("a string", lambda v: isinstance(v, str)),
     "models": _STRINGS,
-    "payload": ("a object", lambda v: isinstance(v, dict)),
+    "payload": ("an object", lambda v: isinstance(v, dict)),
 }
 
 

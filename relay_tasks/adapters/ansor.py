@@ -221,7 +221,7 @@ def measurements(tasks: Sequence[TunerTask], work_dir: Path) -> list[Measurement
         return []
     result = []
     for inp, res in auto_scheduler.load_records(str(log)):
-        task_key = hashlib.sha256(inp.task.workload_key.encode()).hexdigest()[:16]
+        task_key = key(inp.task)
         costs = [float(c) for c in res.costs]
         if res.error_no == 0 and costs:
             result.append(Measurement(task_key, sum(costs) / len(costs)))

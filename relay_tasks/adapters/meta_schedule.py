@@ -378,13 +378,13 @@ def measurements(tasks: Sequence[TunerTask], work_dir: Path) -> list[Measurement
     if not records.exists():
         return []
     keys = [f"{int(json.loads(line)[0]) & (2**64 - 1):016x}" for line in _lines(workloads)]
-    errors = [json.loads(line)["error"] for line in _lines(work_dir / ERRORS_FILE)]
+    errors = iter([json.loads(line)["error"] for line in _lines(work_dir / ERRORS_FILE)])
     result = []
     for line in _lines(records):
         index, (_, run_secs, *_) = json.loads(line)
         seconds = sum(run_secs) / len(run_secs) if run_secs else None
         failed = seconds is None or seconds >= 1e9  # MetaSchedule's mark of a failed run
-        error = (errors.pop(0) if errors else "unknown error") if failed else ""
+        error = next(errors, "unknown error") if failed else ""
         result.append(Measurement(keys[index], None if failed else seconds, error))
     return result
 

@@ -16,9 +16,8 @@ import numpy as np
 
 from ..adapters import Adapter, TunerTask, get_adapter
 from ..errors import ModelError, TuningError, UsageError, describe_failure
-from ..export import load_tasks
 from .records import standing
-from .tune import TASKS_FILE
+from .tune import tuned_for
 
 
 @dataclass(frozen=True)
@@ -29,7 +28,10 @@ class Plan:
     target: Any
     tasks: list[TunerTask]
     tuned: list[TunerTask]
-    missing: list[TunerTask]
+
+    @property
+    def missing(self) -> list[TunerTask]:
+        return [t for t in self.tasks if t not in self.tuned]
 
     def describe(self) -> str:
         line = f"the records cover {len(self.tuned)} of the model's {len(self.tasks)} tasks"
@@ -42,17 +44,11 @@ class Plan:
 def plan(mod: Any, params: Any, work_dir: str | Path) -> Plan:
     """The model's tasks for the tuner and target the work dir was tuned for, and which of them
     have a valid record there."""
-    folder = Path(work_dir)
-    if not (folder / TASKS_FILE).is_file():
-        raise UsageError(f"{folder} is not a relay-tasks work dir (no {TASKS_FILE}); "
-                         "give the --work-dir of a tune")  # fmt: skip
-    tuned_for = load_tasks(folder / TASKS_FILE)
-    adapter = get_adapter(tuned_for.tuner)
-    tasks = adapter.extract(mod, tuned_for.target, params)
-    now = standing(tasks, adapter.measurements(tasks, folder))
-    tuned = [r.task for r in now.tasks if r.best is not None]
-    missing = [r.task for r in now.tasks if r.best is None]
-    return Plan(adapter, tuned_for.target, tasks, tuned, missing)
+    tuned = tuned_for(work_dir)
+    adapter = get_adapter(tuned.tuner)
+    tasks = adapter.extract(mod, tuned.target, params)
+    now = standing(tasks, adapter.measurements(tasks, Path(work_dir)))
+    return Plan(adapter, tuned.target, tasks, [r.task for r in now.tasks if r.best is not None])
 
 
 def build(mod: Any, params: Any, work_dir: str | Path, chosen: Plan | None = None) -> Any:

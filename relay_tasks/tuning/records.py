@@ -33,8 +33,6 @@ class Standing:
     """All tasks' standing, and what it means for the model."""
 
     tasks: list[TaskRecord]
-    #: Measurements in the work dir that belong to none of these tasks (another model's).
-    foreign: int
 
     @property
     def valid(self) -> int:
@@ -80,8 +78,7 @@ def standing(tasks: Sequence[TunerTask], measurements: Sequence[Measurement]) ->
                 first_error=errors[0] if errors else "",
             )
         )
-    keys = {t.key for t in tasks}
-    return Standing(rows, foreign=sum(1 for m in measurements if m.key not in keys))
+    return Standing(rows)
 
 
 def latency_by_trial(

@@ -8,6 +8,7 @@ from pathlib import Path
 from ..adapters import Adapter, TunerTask
 from ..adapters.base import Measurement
 from ..errors import DependencyError, UsageError
+from ..table import aligned
 from .records import Standing, latency_by_trial
 
 
@@ -23,14 +24,7 @@ def format_status(now: Standing, flops: Sequence[float]) -> str:
         rows.append((str(index), record.task.name, str(record.task.weight), f"{flop / 1e9:.4g}",
                      str(record.trials), str(record.valid), str(record.failed),
                      f"{best * 1e3:.4g}" if best is not None else "-", share))  # fmt: skip
-    widths = [max(len(r[c]) for r in rows) for c in range(len(header))]
-    lines = [
-        "  ".join(
-            cell.ljust(w) if c == 1 else cell.rjust(w)
-            for c, (cell, w) in enumerate(zip(row, widths, strict=True))
-        ).rstrip()
-        for row in rows
-    ]
+    lines = aligned(rows, left={1})
     lines.append(_summary(now))
     return "\n".join(lines)
 

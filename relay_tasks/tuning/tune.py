@@ -27,7 +27,7 @@ from typing import Any
 from ..adapters import Adapter, TunerTask, get_adapter
 from ..adapters.base import Runner
 from ..errors import TargetError, TuningError, TuningInterrupted, UsageError, describe_text
-from ..export import dumps, tasks_document
+from ..export import TaskFile, dumps, load_tasks, tasks_document
 from ..inputs import TargetLike, as_target
 from .records import Standing, standing
 
@@ -93,6 +93,16 @@ def tune(
             f"(details in {folder / LOG_FILE})"
         )
     return after
+
+
+def tuned_for(work_dir: str | Path) -> TaskFile:
+    """The task file a tune left in ``work_dir``: what it tuned, with which tuner, for which
+    target (what ``status`` and ``compile`` read)."""
+    folder = Path(work_dir)
+    if not (folder / TASKS_FILE).is_file():
+        raise UsageError(f"{folder} is not a relay-tasks work dir (no {TASKS_FILE}); "
+                         "give the --work-dir of a tune")  # fmt: skip
+    return load_tasks(folder / TASKS_FILE)
 
 
 def work_folder(work_dir: str | Path) -> Path:
