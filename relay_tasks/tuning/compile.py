@@ -82,9 +82,12 @@ def export(factory: Any, output: str | Path) -> Path:
 
 def random_inputs(mod: Any, params: Any) -> dict[str, np.ndarray[Any, Any]]:
     """Seeded inputs for every parameter of ``main`` that the params do not bind."""
+    from tvm import relay
+
     rng = np.random.default_rng(0)
     inputs = {}
-    for var in mod["main"].params:
+    # Frontends hand over untyped modules: the input types come from type inference.
+    for var in relay.transform.InferType()(mod)["main"].params:
         if var.name_hint in (params or {}):
             continue
         shape = [int(d) for d in var.checked_type.shape]

@@ -75,3 +75,17 @@ def test_benchmark_through_a_tracker(tuned: dict[str, Path], tiny, tmp_path, cap
         tracker.terminate()
     line = capsys.readouterr().out.splitlines()[1]
     assert re.fullmatch(r"tuned [0-9.]+ ms, untuned [0-9.]+ ms \([0-9.]+x\)", line)
+
+
+def test_random_inputs_of_an_untyped_module() -> None:
+    """Frontends (PyTorch's) return modules type inference has not run on."""
+    data = relay.var("data", shape=(2, 8), dtype="float32")
+    ids = relay.var("ids", shape=(2,), dtype="int64")
+    weight = relay.var("w", shape=(4, 8))
+    body = relay.Tuple([relay.nn.dense(data, weight), ids])
+    mod = tvm.IRModule.from_expr(relay.Function([data, ids, weight], body))
+    inputs = building.random_inputs(mod, {"w": np.zeros((4, 8), "float32")})
+    assert {name: (v.shape, str(v.dtype)) for name, v in inputs.items()} == {
+        "data": ((2, 8), "float32"),
+        "ids": ((2,), "int64"),
+    }
