@@ -4,12 +4,17 @@ Every measurement runs in a fresh process (so import costs, caches and peak RSS 
 rows alternate upstream/ours, and the table reports medians over ``--repeat`` runs, the task
 counts, whether the task lists are equal, and the ratio upstream/ours.
 
-    python bench/extract.py                         # ResNet-50, x86 and CUDA, all three tuners
+    python bench/extract.py                         # one row per model class, x86 and CUDA
     python bench/extract.py --models resnet-18 mobilenet vgg-16 --targets x86 --repeat 3
+    python bench/extract.py --sweep --tuners meta_schedule --targets x86   # encoder depths
     python bench/extract.py --models resnet18.pt --input-shapes 'input0:[1,3,224,224]'
 
-A model is a built-in name or a model file (anything ``relay-tasks extract`` reads; loading is
-not timed). ``--input-shapes`` applies to every file model, as in the CLI.
+A model is a built-in name, a bench model (``bench/models.py``: PyTorch and ONNX transformers
+and CNNs, a ConstantOfShape graph, small models; built once into ``--cache-dir``, which needs
+the ``torch`` extra), or a model file (anything ``relay-tasks extract`` reads; loading is not
+timed). ``--input-shapes`` applies to every file model, as in the CLI. Peak RSS is the
+process's whole peak, which includes loading the model; bench models load from Relay JSON, so
+theirs is mostly extraction.
 
 Upstream's AutoTVM and Ansor extraction cannot compile for CUDA on this TVM build (see
 tests/cuda_schedules.py): their CUDA rows show upstream's (partial) result, marked unequal.
@@ -43,8 +48,13 @@ def _measure(side: str, tuner: str, model: str, target: str, shapes: str) -> dic
     import relay_tasks  # (importing it also sets the environment: no TopHub download)
     from relay_tasks.loaders import parse_shapes
 
-    given, dtypes = parse_shapes(shapes) if shapes else (None, None)
-    mod, params = relay_tasks.load_model(model, shapes=given, dtypes=dtypes)
+    if model.endswith(".json"):
+        from models import load_cached
+
+        mod, params = load_cached(Path(model))
+    else:
+        given, dtypes = parse_shapes(shapes) if shapes else (None, None)
+        mod, params = relay_tasks.load_model(model, shapes=given, dtypes=dtypes)
     tgt = tvm.target.Target(target)
     started = time.perf_counter()
     rows = _extract(side, tuner, mod, tgt, params)
@@ -109,9 +119,30 @@ def _run_worker(side: str, tuner: str, model: str, target: str, shapes: str) -> 
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+#: One row per model class by default.
+DEFAULT_MODELS = [
+    "resnet-50",
+    "bert-base",
+    "gpt2",
+    "resnet-50-onnx",
+    "bert-onnx",
+    "constant-of-shape",
+    "small",
+    "single-op",
+]
+SWEEP = ["bert-base-L1", "bert-base-L4", "bert-base", "bert-base-L24"]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=["resnet-50"])
+    parser.add_argument("--models", nargs="+", default=None, help="default: one per class")
+    parser.add_argument("--sweep", action="store_true", help="BERT-base at 1/4/12/24 layers")
+    parser.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=Path.home() / ".cache" / "relay-tasks-bench",
+        help="where bench models are built once",
+    )
     parser.add_argument("--targets", nargs="+", choices=list(TARGETS), default=["x86", "cuda"])
     parser.add_argument("--tuners", nargs="+", choices=TUNERS, default=list(TUNERS))
     parser.add_argument("--repeat", type=int, default=1, help="runs per side; medians reported")
@@ -128,21 +159,32 @@ def main() -> int:
     )
     print(header)
     print("-" * len(header))
+    models = (args.models or ([] if args.sweep else DEFAULT_MODELS)) + (SWEEP if args.sweep else [])
+    sources = {name: _source(name, args.cache_dir) for name in models}
     for tuner in args.tuners:
-        for model in args.models:
+        for name in models:
             for tname in args.targets:
-                print(_row(tuner, model, tname, args.repeat, args.input_shapes), flush=True)
+                row = _row(tuner, sources[name], tname, args.repeat, args.input_shapes)
+                print(f"{tuner:<14}{Path(name).name:<22}{tname:<7}{row}", flush=True)
     return 0
 
 
+def _source(name: str, cache: Path) -> str:
+    """What a worker loads: a bench model's cached module, else the name itself."""
+    from models import BENCH_MODELS, cached
+
+    return str(cached(name, cache)) if name in BENCH_MODELS else name
+
+
 def _row(tuner: str, model: str, tname: str, repeat: int, shapes: str) -> str:
+    """The measured columns of one row."""
     runs: dict[str, list[dict[str, Any]]] = {"upstream": [], "ours": []}
     for _ in range(repeat):
         for side in runs:
             runs[side].append(_run_worker(side, tuner, model, TARGETS[tname], shapes))
     errors = [r["error"] for side in runs.values() for r in side if "error" in r]
     if errors:
-        return f"{tuner:<14}{Path(model).name:<22}{tname:<7}  failed: {errors[0]}"
+        return f"  failed: {errors[0]}"
     up, ours = runs["upstream"], runs["ours"]
     t_up = statistics.median(r["seconds"] for r in up)
     t_ours = statistics.median(r["seconds"] for r in ours)
@@ -151,7 +193,6 @@ def _row(tuner: str, model: str, tname: str, repeat: int, shapes: str) -> str:
     rss_ours = max(r["rss_mib"] for r in ours)
     counts = f"{len(up[0]['rows'])}/{len(ours[0]['rows'])}"
     return (
-        f"{tuner:<14}{Path(model).name:<22}{tname:<7}"
         f"{t_up:>11.2f}{t_ours:>9.2f}{t_up / t_ours:>7.1f}x"
         f"{counts:>15}{'yes' if equal else 'NO':>7}{f'{rss_up:.0f}/{rss_ours:.0f}':>17}"
     )

@@ -6,9 +6,10 @@ Kept apart from the input layer so that the pipeline and the loaders depend on T
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+import tvm
 from tvm import relay
 from tvm.ir import IRModule
 from tvm.ir import diagnostics as _diagnostics
@@ -61,3 +62,44 @@ def diagnostic_text(messages: list[str], err: BaseException) -> str:
         return detail
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
     return lines[-1] if lines else type(err).__name__
+
+
+def rebuild(node: Any, get: Callable[[Any], Any]) -> Any:
+    """``node`` with its children replaced by ``get(child)`` (``node`` itself when none changed);
+    None for a node kind this cannot rebuild (a ``Match``, a reference)."""
+    if isinstance(node, (relay.Var, relay.Constant, tvm.ir.Op, relay.GlobalVar)):
+        return node
+    if isinstance(node, relay.Call):
+        op, args = get(node.op), [get(a) for a in node.args]
+        if op.same_as(node.op) and all(a.same_as(b) for a, b in zip(args, node.args, strict=True)):
+            return node
+        return relay.Call(op, args, node.attrs, node.type_args, node.span)
+    if isinstance(node, relay.Tuple):
+        fields = [get(f) for f in node.fields]
+        if all(a.same_as(b) for a, b in zip(fields, node.fields, strict=True)):
+            return node
+        return relay.Tuple(fields, node.span)
+    if isinstance(node, relay.TupleGetItem):
+        tup = get(node.tuple_value)
+        return node if tup.same_as(node.tuple_value) else relay.TupleGetItem(tup, node.index)
+    if isinstance(node, relay.Function):
+        body = get(node.body)
+        if body.same_as(node.body):
+            return node
+        return relay.Function(
+            node.params, body, node.ret_type, node.type_params, node.attrs, node.span
+        )
+    if isinstance(node, relay.Let):
+        value, body = get(node.value), get(node.body)
+        if value.same_as(node.value) and body.same_as(node.body):
+            return node
+        return relay.Let(node.var, value, body)
+    if isinstance(node, relay.If):
+        parts = [get(node.cond), get(node.true_branch), get(node.false_branch)]
+        if all(
+            a.same_as(b)
+            for a, b in zip(parts, (node.cond, node.true_branch, node.false_branch), strict=True)
+        ):
+            return node
+        return relay.If(*parts)
+    return None

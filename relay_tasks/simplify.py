@@ -15,13 +15,17 @@ on float models too.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import tvm
 from tvm import relay
 
-Screen = Callable[[relay.Call], bool]
+from .ir import with_functions
+from .region import run_on_region
+
+Check = Callable[[relay.Call], bool]
 
 _RESHAPES = frozenset({"reshape", "contrib_reverse_reshape"})
 _TRANSPOSES = frozenset({"transpose", "layout_transform"})
@@ -56,7 +60,19 @@ def _scalar_value(expr: Any) -> float | None:
     return None
 
 
-def _consecutive(first: frozenset[str], second: frozenset[str]) -> Screen:
+@dataclass(frozen=True)
+class Screen:
+    """A cheap, over-inclusive test for one rewrite of a pass: could it fire at this call?"""
+
+    rewrite: str  # the upstream rewrite it stands for
+    roots: frozenset[str] | None  # ops a match can be rooted at (None: any op)
+    check: Check
+
+    def __call__(self, call: relay.Call) -> bool:
+        return self.check(call)
+
+
+def _consecutive(first: frozenset[str], second: frozenset[str]) -> Check:
     """``first(second(x))``: consecutive reshapes, transposes or casts."""
     return lambda call: _op_name(call) in first and _op_name(call.args[0]) in second
 
@@ -66,11 +82,14 @@ def _always(call: relay.Call) -> bool:
 
 
 def _identity_operand(call: relay.Call) -> bool:
-    """x + 0, x - 0, x * 1, x / 1 (either side, scalar constants or fill ops)."""
-    want = _IDENTITY_VALUE.get(_op_name(call))
+    """x + 0, x - 0, x * 1, x / 1 (scalar constants or fill ops; either side of the commutative
+    add and multiply only: TVM's matcher swaps arguments for those two alone)."""
+    name = _op_name(call)
+    want = _IDENTITY_VALUE.get(name)
     if want is None:
         return False
-    return any(_op_name(arg) in _FILLS or _scalar_value(arg) == want for arg in call.args)
+    operands = call.args if name in ("add", "multiply") else call.args[1:]
+    return any(_op_name(arg) in _FILLS or _scalar_value(arg) == want for arg in operands)
 
 
 def _noop_transpose(call: relay.Call) -> bool:
@@ -145,63 +164,140 @@ def _binomial_square(call: relay.Call) -> bool:
     return False
 
 
-def _divide_by_sqrt(call: relay.Call) -> bool:
-    return _op_name(call) == "divide" and _op_name(call.args[1]) == "sqrt"
+_ARG_OPS = ("argmax", "argmin", "argsort")
 
 
 def _arg_of_dequantize(call: relay.Call) -> bool:
-    return _op_name(call) in {"argmax", "argmin", "argsort"} and (
-        _op_name(call.args[0]) == "qnn.dequantize"
-    )
+    return _op_name(call) in _ARG_OPS and (_op_name(call.args[0]) == "qnn.dequantize")
 
+
+_ARITH = frozenset(_IDENTITY_VALUE)
+_ADD, _MULTIPLY = frozenset({"add"}), frozenset({"multiply"})
+_ADD_OR_MULTIPLY = _ADD | _MULTIPLY
+_ALWAYS_SCREEN = Screen("Concretize*Like, FullElementwise", _ALWAYS, _always)
+_IDENTITY_SCREEN = Screen("EliminateIdentity", _ARITH, _identity_operand)
+_RESHAPE_SCREEN = Screen("SimplifyReshape", _RESHAPES, _consecutive(_RESHAPES, _RESHAPES))
+_SAME_CAST_SCREEN = Screen("SimplifySameCast", frozenset({"cast"}), _same_cast)
+_CAST_CAST_SCREEN = Screen("SimplifyConsecutiveCast", _CASTS, _consecutive(_CASTS, _CASTS))
+_CAST_CLIP_SCREEN = Screen(
+    "SimplifyClipAndConsecutiveCast", frozenset({"cast"}), _cast_of_clip_or_cast
+)
+_CLIP_SCREEN = Screen("SimplifyClip", frozenset({"clip"}), _clip_covers_dtype)
 
 #: One screen per rewrite of upstream's SimplifyExpr.
 SIMPLIFY_EXPR_SCREENS: tuple[Screen, ...] = (
-    _always,  # Concretize*Like (zeros, ones, full, reshape, collapse_sum...), FullElementwise
-    _add_self,  # SimplifyAdd
-    _divide_by_sqrt,  # SimplifyRSqrt
-    _identity_operand,  # EliminateIdentity
-    _consecutive(_RESHAPES, _RESHAPES),  # SimplifyReshape
-    _consecutive(_TRANSPOSES, _TRANSPOSES),  # SimplifyTranspose
-    _noop_transpose,  # SimplifyNoOpTranspose
-    _same_cast,  # SimplifySameCast
-    _consecutive(_CASTS, _CASTS),  # SimplifyConsecutiveCast
-    _switch_add_multiply,  # SwitchAddMultiply
-    _adjacent_multiply_or_add,  # SimplifyAdjacentMultiplyOrAdd
-    _arg_of_dequantize,  # SimplifyDQArg{Max,Min,Sort}
-    _cast_of_clip_or_cast,  # SimplifyClipAndConsecutiveCast
-    _clip_covers_dtype,  # SimplifyClip
-    _binomial_square,  # SimplifyBinomial
+    _ALWAYS_SCREEN,
+    Screen("SimplifyAdd", _ADD, _add_self),
+    _IDENTITY_SCREEN,
+    _RESHAPE_SCREEN,
+    Screen("SimplifyTranspose", _TRANSPOSES, _consecutive(_TRANSPOSES, _TRANSPOSES)),
+    Screen("SimplifyNoOpTranspose", _TRANSPOSES, _noop_transpose),
+    _SAME_CAST_SCREEN,
+    _CAST_CAST_SCREEN,
+    Screen("SwitchAddMultiply", _MULTIPLY, _switch_add_multiply),
+    Screen("SimplifyAdjacentMultiplyOrAdd", _ADD_OR_MULTIPLY, _adjacent_multiply_or_add),
+    Screen("SimplifyDQArg{Max,Min,Sort}", frozenset(_ARG_OPS), _arg_of_dequantize),
+    _CAST_CLIP_SCREEN,
+    _CLIP_SCREEN,
+    Screen("SimplifyBinomial", _MULTIPLY, _binomial_square),
 )
 
 #: One screen per rewrite of upstream's SimplifyExprPostAlterOp.
 POST_ALTER_OP_SCREENS: tuple[Screen, ...] = (
-    _always,  # the fill ops that EliminateIdentity accepts as zeros/ones
-    _identity_operand,  # EliminateIdentity
-    _consecutive(_RESHAPES, _RESHAPES),  # SimplifyReshape
-    _same_cast,  # SimplifySameCast
-    _consecutive(_CASTS, _CASTS),  # SimplifyConsecutiveCast
-    _cast_of_clip_or_cast,  # SimplifyClipAndConsecutiveCast
-    _clip_covers_dtype,  # SimplifyClip
+    _ALWAYS_SCREEN,  # the fill ops that EliminateIdentity accepts as zeros/ones
+    _IDENTITY_SCREEN,
+    _RESHAPE_SCREEN,
+    _SAME_CAST_SCREEN,
+    _CAST_CAST_SCREEN,
+    _CAST_CLIP_SCREEN,
+    _CLIP_SCREEN,
 )
 
 
 def might_rewrite(mod: tvm.IRModule, screens: Iterable[Screen]) -> bool:
     """Whether any screened rewrite could change a call in any Relay function of ``mod``."""
+    flagged = _flagged_by_function(mod, tuple(screens))
+    return any(calls is None or calls for calls in flagged.values())
+
+
+def _flagged_by_function(
+    mod: tvm.IRModule, screens: tuple[Screen, ...]
+) -> dict[Any, list[relay.Call] | None]:
+    """Flagged calls per Relay function (None: a call the screens could not judge)."""
+    flagged: dict[Any, list[relay.Call] | None] = {}
+    for gvar, func in mod.functions.items():
+        if isinstance(func, relay.Function):
+            try:
+                flagged[gvar] = flagged_calls(func, screens)
+            except (ValueError, TypeError, AttributeError, tvm.TVMError):
+                flagged[gvar] = None  # an untyped or unusual call: let the real pass decide
+    return flagged
+
+
+def flagged_calls(func: relay.Function, screens: Iterable[Screen]) -> list[relay.Call]:
+    """The calls of ``func`` where some screened rewrite could fire.
+
+    Each call's op is read once and only the screens rooted at it run: reading a Relay node's
+    fields goes through TVM's FFI, and most calls of a model (convolutions, matmuls) concern no
+    screen at all.
+    """
+    by_root: dict[str, list[Screen]] = {}
+    anywhere: list[Screen] = []
+    for screen in screens:
+        for root in screen.roots or ():
+            by_root.setdefault(root, []).append(screen)
+        if screen.roots is None:
+            anywhere.append(screen)
     calls: list[relay.Call] = []
 
     def collect(node: Any) -> None:
-        if isinstance(node, relay.Call) and isinstance(node.op, tvm.ir.Op):
-            calls.append(node)
+        if isinstance(node, relay.Call):
+            op = node.op
+            if isinstance(op, tvm.ir.Op):
+                relevant = by_root.get(str(op.name), []) + anywhere
+                if any(screen(node) for screen in relevant):
+                    calls.append(node)
 
-    for func in mod.functions.values():
-        if isinstance(func, relay.Function):
-            relay.analysis.post_order_visit(func, collect)
-    checks = tuple(screens)
-    try:
-        return any(check(call) for call in calls for check in checks)
-    except (ValueError, TypeError, AttributeError, tvm.TVMError):
-        return True  # an untyped or unusual call: let the real pass decide
+    relay.analysis.post_order_visit(func, collect)
+    return calls
+
+
+#: Rounds of local rewriting before the whole graph goes to TVM after all.
+_LOCAL_ROUNDS = 4
+
+
+def simplify_locally(
+    mod: tvm.IRModule,
+    real: Callable[[], tvm.transform.Pass],
+    screens: tuple[Screen, ...],
+    flagged: dict[Any, list[relay.Call] | None] | None = None,
+) -> tvm.IRModule | None:
+    """``real`` run around the flagged calls only (see :mod:`relay_tasks.region`), round after
+    round, until no call is flagged; None when that does not settle it.
+
+    A graph in which no screen flags a call is a fixed point of every rewrite of the pass, so
+    the pass on the whole graph would stop there too: the rewrites are local, each one here is
+    TVM's own, and applying them in another order reaches the same fixed point (checked against
+    the whole-graph pass on every model and on random graphs in the tests). A flagged call left
+    unchanged (the screens over-include) sends the whole graph to TVM, as before.
+    """
+    for _ in range(_LOCAL_ROUNDS):
+        if flagged is None:
+            flagged = _flagged_by_function(mod, screens)
+        updates = {}
+        for gvar, calls in flagged.items():
+            if calls is None:
+                return None
+            if calls:
+                new = run_on_region(mod[gvar], calls, lambda small: real()(small))
+                if new is None:
+                    return None
+                updates[gvar] = new
+        if not updates:
+            return mod
+        mod = relay.transform.InferType()(with_functions(mod, updates))
+        flagged = None
+    return None
 
 
 def _screened(
@@ -209,10 +305,15 @@ def _screened(
     real: Callable[[], tvm.transform.Pass],
     screens: tuple[Screen, ...],
     required: tuple[str, ...] = ("InferType",),
+    local: bool = True,
 ) -> Any:
     @tvm.transform.module_pass(opt_level=0, name=name, required=list(required))  # type: ignore[untyped-decorator]
     def screened(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        return real()(mod) if might_rewrite(mod, screens) else mod
+        flagged = _flagged_by_function(mod, screens)
+        if not any(calls is None or calls for calls in flagged.values()):
+            return mod
+        settled = simplify_locally(mod, real, screens, flagged) if local else None
+        return real()(mod) if settled is None else settled
 
     return screened
 
@@ -229,10 +330,12 @@ def SimplifyExprPostAlterOp() -> tvm.transform.Pass:
 
 
 #: qnn.Legalize lowers qnn ops (QnnLegalize, then QnnCanonicalize) and touches nothing else.
-QNN_LEGALIZE_SCREENS: tuple[Screen, ...] = (lambda call: _op_name(call).startswith("qnn."),)
+QNN_LEGALIZE_SCREENS: tuple[Screen, ...] = (
+    Screen("qnn.Legalize", None, lambda call: _op_name(call).startswith("qnn.")),
+)
 
 
 def QnnLegalize() -> tvm.transform.Pass:
     """C++'s ``qnn.Legalize``, skipped on models without qnn ops."""
     real = tvm.get_global_func("relay.qnn._transform.Legalize")
-    return _screened("qnn.Legalize", real, QNN_LEGALIZE_SCREENS, required=())
+    return _screened("qnn.Legalize", real, QNN_LEGALIZE_SCREENS, required=(), local=False)

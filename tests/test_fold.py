@@ -517,3 +517,75 @@ def test_deferred_results_that_nothing_reads_are_never_computed(monkeypatch) -> 
     with tvm.transform.PassContext(opt_level=3):
         fold.FoldConstant(last=True)(mod)
     assert calls == ["r", "r"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    shape=hnp.array_shapes(min_dims=2, max_dims=4, min_side=1, max_side=70),
+    data=st.data(),
+)
+def test_tiled_transposes_copy_every_element(shape: tuple[int, ...], data: st.DataObject) -> None:
+    """Transposed weights are copied in tiles when large: every permutation of every shape
+    gives numpy's own contiguous copy, aligned so it becomes a constant without a copy."""
+    from relay_tasks.fold import contiguous
+
+    x = np.arange(int(np.prod(shape)), dtype="float32").reshape(shape)
+    axes = data.draw(st.permutations(range(len(shape))))
+    copy = contiguous(np.transpose(x, axes))
+    assert copy.flags.c_contiguous and copy.ctypes.data % 64 == 0
+    assert np.array_equal(copy, np.ascontiguousarray(np.transpose(x, axes)))
+
+
+def test_a_large_transpose_is_tiled_and_exact() -> None:
+    from relay_tasks.fold import contiguous
+
+    w = np.random.default_rng(4).standard_normal((300, 130)).astype("float32")
+    assert np.array_equal(contiguous(w.T), w.T)
+    assert np.array_equal(
+        contiguous(w.reshape(3, 100, 130).transpose(2, 0, 1)),
+        w.reshape(3, 100, 130).transpose(2, 0, 1),
+    )
+
+
+def test_reshaped_and_broadcast_weights_fold_as_tvm_folds_them() -> None:
+    """PyTorch's linear layers reach the fold as reshape(broadcast_to(transpose(W))): the
+    reshaped and broadcast results share the transposed weight's buffer instead of copying it.
+    The module must equal TVM's fold, and each constant keep its own value when another
+    constant of the chain is read or dropped."""
+    import gc
+
+    w = np.random.default_rng(5).standard_normal((96, 80)).astype("float32")
+    x = relay.var("x", shape=(1, 4, 80))
+    weight = relay.reshape(
+        relay.broadcast_to(relay.transpose(relay.const(w)), (1, 80, 96)), (1, 80, 96)
+    )
+    tiled = relay.reshape(
+        relay.broadcast_to(relay.transpose(relay.const(w)), (2, 80, 96)), (2, 80, 96)
+    )
+    func = relay.Function(
+        [x], relay.Tuple([relay.nn.batch_matmul(x, weight, transpose_b=False), tiled])
+    )
+    mod = relay.transform.InferType()(tvm.IRModule.from_expr(func))
+    ours = relay.transform.InferType()(tvm.IRModule.from_expr(prefold_function(mod["main"])))
+    theirs = relay.transform.FoldConstant()(mod)
+    assert tvm.ir.structural_equal(ours["main"], theirs["main"])
+    constants = [ours["main"].body.fields[0].args[1], ours["main"].body.fields[1]]
+    del ours, mod, func
+    gc.collect()
+    assert np.array_equal(constants[0].data.numpy()[0], w.T)
+    assert np.array_equal(constants[1].data.numpy()[1], w.T)
+
+
+def test_fresh_results_become_constants_without_a_copy_and_views_are_copied() -> None:
+    from relay_tasks.fold import aligned_empty, as_ndarray
+
+    fresh = aligned_empty((64, 64), "float32")
+    fresh[...] = 1.5
+    shared = as_ndarray(fresh)
+    fresh[0, 0] = 7.0  # the constant is this very buffer
+    assert shared.numpy()[0, 0] == 7.0
+    view = np.broadcast_to(np.float32(2.0), (8, 8))  # read-only: copied
+    copied = as_ndarray(view)
+    assert np.array_equal(copied.numpy(), view)
+    unaligned = np.zeros(65, "float32")[1:]
+    assert np.array_equal(as_ndarray(unaligned).numpy(), unaligned)

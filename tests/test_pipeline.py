@@ -124,16 +124,16 @@ def test_screens_fire_on_every_rewrite_they_stand_for() -> None:
         lambda n: calls.append(n) if isinstance(n, relay.Call) else None,
     )
     fired = {
-        screen.__name__ if hasattr(screen, "__name__") else repr(screen)
+        screen.rewrite
         for screen in simplify.SIMPLIFY_EXPR_SCREENS
         for call in calls
         if screen(call)
     }
     assert {
-        "_identity_operand",
-        "_add_self",
-        "_same_cast",
-        "_switch_add_multiply",
-        "_adjacent_multiply_or_add",
-        "_clip_covers_dtype",
+        "EliminateIdentity",
+        "SimplifyAdd",
+        "SimplifySameCast",
+        "SwitchAddMultiply",
+        "SimplifyAdjacentMultiplyOrAdd",
+        "SimplifyClip",
     } <= fired

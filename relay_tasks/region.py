@@ -1,0 +1,197 @@
+"""Run a Relay pass on the neighbourhood of a few calls instead of on the whole function.
+
+TVM's pattern-rewriting passes (``SimplifyExpr`` and its kin) re-infer the types of the whole
+function and rebuild its graph index once per rewrite per round, so on a transformer a pass that
+rewrites one ``add`` costs 2 s. Here the calls around the flagged ones are cut out into a small
+function, the real pass runs on it, and its result is spliced back. The cut keeps what a pattern
+can observe: constants stay constants, every cut-off input becomes a variable of the same type
+(one per input, so shared inputs stay shared), and every cut node that is also used outside the
+cut is an output, so a match that would have swallowed a node other calls still need is refused
+inside the cut as it is in the whole graph. A cut hides structure, never adds it: a pattern that
+matches in the cut matches in the whole graph, and one that needs what was cut away is missed
+here and left for the caller to notice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import tvm
+from tvm import relay
+
+from .ir import rebuild
+
+PassOnModule = Callable[[tvm.IRModule], tvm.IRModule]
+
+#: How deep below a flagged call the cut reaches: the deepest pattern of the passes screened
+#: here (``cast(clip(cast(x)))``, the binomial squares) spans four calls from its root.
+BELOW = 4
+#: How far above: a rewrite often enables another at its user (a reshape whose argument became
+#: a reshape); taking users in finishes that in the same run instead of another round.
+ABOVE = 2
+
+_INNER = (relay.Call, relay.Tuple, relay.TupleGetItem)
+
+
+def run_on_region(
+    func: relay.Function, flagged: Iterable[relay.Call], run_pass: PassOnModule
+) -> relay.Function | None:
+    """``func`` with ``run_pass`` applied to the neighbourhood of the ``flagged`` calls.
+
+    None when the cut cannot stand in for the whole function (control flow, calls of anything
+    but operators) or when the pass leaves the cut unchanged: a flagged call it did not rewrite
+    may have been refused for lack of context, so the caller lets the pass see everything.
+    """
+    graph = _Graph(func)
+    if not graph.dataflow_only:
+        return None
+    region = graph.region([graph.key(c) for c in flagged])
+    outputs = [k for k in graph.order if k in region and graph.escapes(k, region)]
+    inputs: dict[int, relay.Var] = {}
+    cut = _cut(graph, region, inputs)
+    body = relay.Tuple([cut[k] for k in outputs])
+    small = relay.Function(relay.analysis.free_vars(body), body)
+    typed = relay.transform.InferType()(tvm.IRModule.from_expr(small))
+    done = run_pass(typed)["main"]
+    if tvm.ir.structural_equal(done, typed["main"], map_free_vars=True):
+        return None
+    if not isinstance(done.body, relay.Tuple) or len(done.body.fields) != len(outputs):
+        return None
+    cut_of = {var.handle.value: key for key, var in inputs.items()}
+    origins: dict[int, int | relay.Var] = {
+        new.handle.value: cut_of.get(old.handle.value, old)
+        for new, old in zip(done.params, small.params, strict=True)
+    }
+    return _splice(graph, region, dict(zip(outputs, done.body.fields, strict=True)), origins)
+
+
+class _Graph:
+    """One function's dataflow graph: nodes in post order, and the users of each."""
+
+    def __init__(self, func: relay.Function) -> None:
+        self.func = func
+        self.nodes: dict[int, Any] = {}
+        self.order: list[int] = []
+        self.users: dict[int, list[int]] = {}
+        self.child_keys: dict[int, list[int]] = {}
+        self.dataflow_only = True
+        relay.analysis.post_order_visit(func, self._add)
+
+    @staticmethod
+    def key(node: Any) -> int:
+        return int(node.handle.value)
+
+    def _add(self, node: Any) -> None:
+        key = self.key(node)
+        self.nodes[key] = node
+        self.order.append(key)
+        self.child_keys[key] = [self.key(child) for child in self.children(node)]
+        for child in self.child_keys[key]:
+            self.users.setdefault(child, []).append(key)
+        if isinstance(node, relay.Call) and not isinstance(node.op, tvm.ir.Op):
+            self.dataflow_only = False
+        elif not isinstance(node, (*_INNER, relay.Var, relay.Constant, tvm.ir.Op)):
+            self.dataflow_only &= node.same_as(self.func)  # no Let, If, Match, inner function
+
+    @staticmethod
+    def children(node: Any) -> list[Any]:
+        if isinstance(node, relay.Call):
+            return list(node.args)
+        if isinstance(node, relay.Tuple):
+            return list(node.fields)
+        if isinstance(node, relay.TupleGetItem):
+            return [node.tuple_value]
+        if isinstance(node, relay.Function):
+            return [node.body]
+        return []
+
+    def inner(self, key: int) -> bool:
+        return isinstance(self.nodes.get(key), _INNER)
+
+    def _below(self, key: int) -> list[int]:
+        return [k for k in self.child_keys[key] if self.inner(k)]
+
+    def _above(self, key: int) -> list[int]:
+        return [k for k in self.users.get(key, ()) if self.inner(k)]
+
+    def region(self, seeds: list[int]) -> set[int]:
+        """The seeds and the nodes a few steps below and above them."""
+        region = set(seeds)
+        for step, depth in ((self._below, BELOW), (self._above, ABOVE)):
+            frontier = list(seeds)
+            for _ in range(depth):
+                frontier = [k for node in frontier for k in step(node) if k not in region]
+                region.update(frontier)
+        return region
+
+    def escapes(self, key: int, region: set[int]) -> bool:
+        """Whether something outside ``region`` (the function itself included) uses ``key``."""
+        return any(user not in region for user in self.users.get(key, ()))
+
+
+def _cut(graph: _Graph, region: set[int], inputs: dict[int, relay.Var]) -> dict[int, Any]:
+    """The region's nodes rebuilt over typed variables for its cut-off inputs."""
+    memo: dict[int, Any] = {}
+
+    def get(child: Any) -> Any:
+        key = graph.key(child)
+        if key in memo:
+            return memo[key]
+        if not graph.inner(key):
+            return child  # constants, the function's own variables, operators
+        if key not in inputs:
+            inputs[key] = relay.var(f"cut{len(inputs)}", type_annotation=child.checked_type)
+        return inputs[key]
+
+    for key in graph.order:
+        if key in region:
+            memo[key] = rebuild(graph.nodes[key], get)
+    return memo
+
+
+def _splice(
+    graph: _Graph, region: set[int], outputs: dict[int, Any], origins: dict[int, int | relay.Var]
+) -> relay.Function:
+    """The whole function again, each region output replaced by the pass's result for it.
+
+    One walk in post order: a node outside the region is rebuilt over its children's new forms;
+    a region output is the pass's result with each cut variable replaced by the new form of the
+    node it stands for, which lies below the output and so is already built. One memo for all
+    results keeps what they share shared.
+    """
+    new: dict[int, Any] = {}
+    placed: dict[int, Any] = {}
+
+    def get(child: Any) -> Any:
+        return new.get(graph.key(child), child)
+
+    def get_placed(child: Any) -> Any:
+        return placed.get(graph.key(child), child)
+
+    def place(result: Any) -> Any:
+        nodes: list[Any] = []
+        relay.analysis.post_order_visit(result, nodes.append)
+        for node in nodes:
+            key = graph.key(node)
+            if key in placed:
+                continue
+            origin = origins.get(key)
+            if isinstance(origin, int):
+                placed[key] = new[origin]
+            elif origin is not None:
+                placed[key] = origin
+            else:
+                placed[key] = rebuild(node, get_placed)
+        return placed[graph.key(result)]
+
+    for key in graph.order:
+        if key in outputs:
+            new[key] = place(outputs[key])
+        elif key not in region:
+            node = graph.nodes[key]
+            changed = any(new[c] is not graph.nodes[c] for c in graph.child_keys[key])
+            new[key] = rebuild(node, get) if changed else node
+    func = new[graph.key(graph.func)]
+    assert isinstance(func, relay.Function)
+    return func
