@@ -62,10 +62,36 @@ def extraction_scope(target: Target, settings: PassSettings) -> Iterator[None]:
     silent = autotvm.GLOBAL_SCOPE.silent
     autotvm.GLOBAL_SCOPE.silent = True  # AlterOpLayout would log every missing AutoTVM config
     try:
-        with target, settings.context():
+        with target, settings.context(), memoized_cpu_features():
             yield
     finally:
         autotvm.GLOBAL_SCOPE.silent = silent
+
+
+@contextlib.contextmanager
+def memoized_cpu_features() -> Iterator[None]:
+    """Answer TOPI's "does this target have CPU feature X" once per target and feature.
+
+    Each answer builds an LLVM target machine (0.7 ms), and x86's layout and schedule hooks ask
+    for every operator call: 200 times on a ResNet-50. The answer depends only on the feature
+    and the target (triple, CPU, attributes), which make the key.
+    """
+    from tvm.target import _ffi_api as target_api
+
+    ask = target_api.target_has_feature
+    known: dict[tuple[str, str], Any] = {}
+
+    def remembered(feature: str, target: Any = None) -> Any:
+        key = (str(feature), str(target if target is not None else Target.current()))
+        if key not in known:
+            known[key] = ask(feature, target)
+        return known[key]
+
+    target_api.target_has_feature = remembered
+    try:
+        yield
+    finally:
+        target_api.target_has_feature = ask
 
 
 def bind_params(mod: IRModule, params: Mapping[str, tvm.nd.NDArray]) -> IRModule:

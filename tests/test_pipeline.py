@@ -137,3 +137,28 @@ def test_screens_fire_on_every_rewrite_they_stand_for() -> None:
         "SimplifyAdjacentMultiplyOrAdd",
         "SimplifyClip",
     } <= fired
+
+
+def test_cpu_feature_answers_are_remembered_per_target_and_restored() -> None:
+    from tvm.target import _ffi_api as target_api
+
+    from relay_tasks.pipeline import memoized_cpu_features
+
+    raw = target_api.target_has_feature
+    targets = [
+        tvm.target.Target(X86),
+        tvm.target.Target("llvm -mtriple=x86_64-linux-gnu -mcpu=haswell"),
+        tvm.target.Target("llvm -mtriple=aarch64-linux-gnu -mattr=+neon"),
+    ]
+    features = ["avx512f", "avx512bw", "avx2", "sse4.2", "neon"]
+    expected = {(f, str(t)): bool(raw(f, t)) for f in features for t in targets}
+    assert expected[("avx512f", str(targets[0]))] and not expected[("avx512f", str(targets[1]))]
+    with memoized_cpu_features():
+        assert target_api.target_has_feature is not raw
+        for _ in range(2):  # asked twice: the second answers come from memory
+            for (feature, name), answer in expected.items():
+                target = next(t for t in targets if str(t) == name)
+                assert bool(target_api.target_has_feature(feature, target)) == answer
+                with target:  # no target given: the current one's answer
+                    assert bool(target_api.target_has_feature(feature)) == answer
+    assert target_api.target_has_feature is raw
