@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
 import tvm
 from tvm import relay
@@ -162,3 +163,41 @@ def test_cpu_feature_answers_are_remembered_per_target_and_restored() -> None:
                 with target:  # no target given: the current one's answer
                     assert bool(target_api.target_has_feature(feature)) == answer
     assert target_api.target_has_feature is raw
+
+
+def test_layout_hooks_reuse_the_strategy_choice_only_inside_the_hooks(monkeypatch) -> None:
+    """Inside the conv2d/dense layout hooks a repeated call is answered from memory (the
+    hook reads only the implementation's name and workload); outside them every call builds
+    its own tensors, because TVM's fold lowers them; and everything is put back afterwards."""
+    from tvm import topi
+    from tvm.relay.backend import te_compiler
+
+    from relay_tasks.pipeline import memoized_layout_hooks
+
+    built: list[str] = []
+    real_select = te_compiler.select_implementation
+
+    def counting(op, *args, **kwargs):  # type: ignore[no-untyped-def]
+        built.append(str(op.name))
+        return real_select(op, *args, **kwargs)
+
+    monkeypatch.setattr(te_compiler, "select_implementation", counting)
+    hooks = {name: getattr(topi.nn, name) for name in ("conv2d_alter_layout", "dense_alter_layout")}
+    x = relay.var("x", shape=(1, 16, 14, 14))
+    body = x
+    for i in range(3):  # three identical convolutions
+        w = relay.const(np.full((16, 16, 3, 3), 0.1 * (i + 1), "float32"))
+        body = relay.nn.conv2d(body, w, padding=(1, 1), channels=16, kernel_size=(3, 3))
+    mod = relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], body)))
+    with tvm.target.Target(X86), tvm.transform.PassContext(opt_level=3):
+        plain = relay.transform.AlterOpLayout()(mod)
+        asked_plain = len(built)
+        built.clear()
+        with memoized_layout_hooks():
+            remembered = relay.transform.AlterOpLayout()(mod)
+            assert te_compiler.select_implementation is counting  # only inside the hooks
+        asked_remembered = len(built)
+    assert tvm.ir.structural_equal(plain, remembered)
+    assert asked_plain == 3 and asked_remembered == 1
+    assert {name: getattr(topi.nn, name) for name in hooks} == hooks
+    assert te_compiler.select_implementation is counting
