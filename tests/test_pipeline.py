@@ -11,17 +11,15 @@ from tvm import relay
 from tvm.ir.instrument import pass_instrument
 
 from relay_tasks import simplify
-from relay_tasks.adapters.meta_schedule import DEFAULT_PASS_CONFIG
 from relay_tasks.inputs import as_module
 from relay_tasks.pipeline import (
     Group,
-    PassSettings,
     bind_params,
-    extraction_scope,
     pass_prefix,
     run_passes,
 )
 
+from pass_prefix import modules_before_each_pass
 from zoo import X86, load, model_target_rows
 
 
@@ -100,19 +98,12 @@ def test_screened_simplifications_skip_only_no_ops(model: str, target: str) -> N
     }
     mod, params = load(model)
     checked = 0
-    with extraction_scope(
-        tvm.target.Target(target), PassSettings(config=dict(DEFAULT_PASS_CONFIG))
-    ):
-        current = bind_params(as_module(mod), params)
-        for step in pass_prefix():
-            name = step.name if isinstance(step, Group) else str(step.info.name)
-            if name in real:
-                typed = relay.transform.InferType()(current)
-                make_pass, screens = real[name]
-                if not simplify.might_rewrite(typed, screens):
-                    assert tvm.ir.structural_equal(make_pass()(typed)["main"], typed["main"])
-                    checked += 1
-            current = run_passes([step], current)
+    for name, typed in modules_before_each_pass(mod, params, target):
+        if name in real:
+            make_pass, screens = real[name]
+            if not simplify.might_rewrite(typed, screens):
+                assert tvm.ir.structural_equal(make_pass()(typed)["main"], typed["main"])
+                checked += 1
     assert checked or model == "simplify_patterns"
 
 

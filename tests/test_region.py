@@ -19,19 +19,10 @@ from hypothesis import strategies as st
 from tvm import relay
 
 from relay_tasks import simplify
-from relay_tasks.adapters.meta_schedule import DEFAULT_PASS_CONFIG
-from relay_tasks.inputs import as_module
-from relay_tasks.pipeline import (
-    Group,
-    PassSettings,
-    bind_params,
-    extraction_scope,
-    pass_prefix,
-    run_passes,
-)
 from relay_tasks.region import run_on_region
 
 import frontend_models
+from pass_prefix import modules_before_each_pass
 from zoo import X86
 
 POST_ALTER_OP = tvm.get_global_func("relay._transform.SimplifyExprPostAlterOp")
@@ -219,15 +210,9 @@ def test_frontend_models_settle_locally_to_the_whole_graph_result(model: str) ->
     """Where the pipeline meets each screened pass, the local result is the real pass's."""
     mod, params = frontend_models.load(model)
     settled: list[str] = []
-    with extraction_scope(tvm.target.Target(X86), PassSettings(config=dict(DEFAULT_PASS_CONFIG))):
-        current = bind_params(as_module(mod), params)
-        for step in pass_prefix():
-            name = step.name if isinstance(step, Group) else str(step.info.name)
-            if name in PASSES:
-                typed = relay.transform.InferType()(current)
-                if simplify.might_rewrite(typed, PASSES[name][1]):
-                    assert _local_equals_whole(typed, name), f"{model}: {name} handed over"
-                    settled.append(name)
-            current = run_passes([step], current)
+    for name, typed in modules_before_each_pass(mod, params, X86):
+        if name in PASSES and simplify.might_rewrite(typed, PASSES[name][1]):
+            assert _local_equals_whole(typed, name), f"{model}: {name} handed over"
+            settled.append(name)
     if model in ("bert-2-layers", "gpt2-2-layers"):
         assert settled  # the transformers reach SimplifyExpr with a rewrite to do
