@@ -87,6 +87,9 @@ def _transpose(attrs: Any, args: Sequence[Array]) -> Array:
 _ALIGNMENT = 64
 #: Tile edge for copying a transposed matrix: both tiles stay in the L1/L2 cache.
 _TILE = 64
+#: Arrays from this size on get populated mappings of their own.
+_POPULATE_MIN_BYTES = 1 << 20
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux only; elsewhere pages fault in as usual
 
 
 def aligned_empty(shape: Sequence[int], dtype: Any) -> Array:
@@ -105,11 +108,6 @@ def aligned_empty(shape: Sequence[int], dtype: Any) -> Array:
     start = -raw.ctypes.data % _ALIGNMENT
     aligned: Array = raw[start : start + nbytes].view(kind).reshape(tuple(shape))
     return aligned
-
-
-#: Arrays from this size on get populated mappings of their own.
-_POPULATE_MIN_BYTES = 1 << 20
-_POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux only; elsewhere pages fault in as usual
 
 
 def contiguous(x: Array) -> Array:

@@ -236,7 +236,7 @@ def memoized_layout_hooks() -> Iterator[None]:
     Only inside the hooks: elsewhere (TVM's own constant folding) the returned tensors are
     lowered, and another call's tensors must never be reused there.
     """
-    from tvm import autotvm, topi
+    from tvm import topi
     from tvm.relay.backend import te_compiler
 
     select = te_compiler.select_implementation
@@ -248,7 +248,6 @@ def memoized_layout_hooks() -> Iterator[None]:
         key = _implementation_key(op, attrs, inputs, out_type, target, use_autotvm)
         if key is None:
             return select(op, attrs, inputs, out_type, target, use_autotvm)
-        key += (id(autotvm.DispatchContext.current),)
         if key not in chosen:
             chosen[key] = select(op, attrs, inputs, out_type, target, use_autotvm)
         return chosen[key]
@@ -277,6 +276,8 @@ def _implementation_key(
     op: Any, attrs: Any, inputs: Any, out_type: Any, target: Any, use_autotvm: bool
 ) -> tuple[Any, ...] | None:
     """What the op strategy's choice depends on; None for run-time dimensions."""
+    from tvm import autotvm
+
     shapes = []
     for tensor in inputs:
         dims = list(tensor.shape)
@@ -291,6 +292,7 @@ def _implementation_key(
         tvm.ir.save_json(out_type),
         str(target),
         use_autotvm,
+        id(autotvm.DispatchContext.current),
     )
 
 

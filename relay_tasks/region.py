@@ -48,8 +48,7 @@ def run_on_region(
         return None
     region = graph.region([graph.key(c) for c in flagged])
     outputs = [k for k in graph.order if k in region and graph.escapes(k, region)]
-    inputs: dict[int, relay.Var] = {}
-    cut = _cut(graph, region, inputs)
+    cut, inputs = _cut(graph, region)
     body = relay.Tuple([cut[k] for k in outputs])
     small = relay.Function(relay.analysis.free_vars(body), body)
     typed = relay.transform.InferType()(tvm.IRModule.from_expr(small))
@@ -130,9 +129,11 @@ class _Graph:
         return any(user not in region for user in self.users.get(key, ()))
 
 
-def _cut(graph: _Graph, region: set[int], inputs: dict[int, relay.Var]) -> dict[int, Any]:
-    """The region's nodes rebuilt over typed variables for its cut-off inputs."""
+def _cut(graph: _Graph, region: set[int]) -> tuple[dict[int, Any], dict[int, relay.Var]]:
+    """The region's nodes rebuilt over typed variables for its cut-off inputs, and those
+    variables by the key of the node each stands for."""
     memo: dict[int, Any] = {}
+    inputs: dict[int, relay.Var] = {}
 
     def get(child: Any) -> Any:
         key = graph.key(child)
@@ -147,7 +148,7 @@ def _cut(graph: _Graph, region: set[int], inputs: dict[int, relay.Var]) -> dict[
     for key in graph.order:
         if key in region:
             memo[key] = rebuild(graph.nodes[key], get)
-    return memo
+    return memo, inputs
 
 
 def _splice(

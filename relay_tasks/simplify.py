@@ -216,7 +216,10 @@ POST_ALTER_OP_SCREENS: tuple[Screen, ...] = (
 
 def might_rewrite(mod: tvm.IRModule, screens: Iterable[Screen]) -> bool:
     """Whether any screened rewrite could change a call in any Relay function of ``mod``."""
-    flagged = _flagged_by_function(mod, tuple(screens))
+    return _any_flagged(_flagged_by_function(mod, tuple(screens)))
+
+
+def _any_flagged(flagged: dict[Any, list[relay.Call] | None]) -> bool:
     return any(calls is None or calls for calls in flagged.values())
 
 
@@ -289,7 +292,7 @@ def simplify_locally(
             if calls is None:
                 return None
             if calls:
-                new = run_on_region(mod[gvar], calls, lambda small: real()(small))
+                new = run_on_region(mod[gvar], calls, real())
                 if new is None:
                     return None
                 updates[gvar] = new
@@ -310,7 +313,7 @@ def _screened(
     @tvm.transform.module_pass(opt_level=0, name=name, required=list(required))  # type: ignore[untyped-decorator]
     def screened(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
         flagged = _flagged_by_function(mod, screens)
-        if not any(calls is None or calls for calls in flagged.values()):
+        if not _any_flagged(flagged):
             return mod
         settled = simplify_locally(mod, real, screens, flagged) if local else None
         return real()(mod) if settled is None else settled
