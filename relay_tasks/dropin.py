@@ -15,7 +15,6 @@ from typing import Any
 
 from .adapters import ansor, autotvm, meta_schedule
 from .errors import RelayTasksError
-from .inputs import as_module
 
 _originals: dict[tuple[str, str], Any] = {}
 
@@ -111,8 +110,6 @@ def _meta_schedule(original: Callable[..., Any]) -> Callable[..., Any]:
                 executor=executor, runtime=runtime, module_equality=module_equality,
                 disabled_pass=disabled_pass, instruments=instruments,
             )  # fmt: skip
-        if executor is not None:
-            mod = as_module(mod).with_attr("executor", executor)
         return _upstream_errors(meta_schedule.extract_task_from_relay)(
             mod,
             target,
@@ -121,6 +118,7 @@ def _meta_schedule(original: Callable[..., Any]) -> Callable[..., Any]:
             pass_config=pass_config,
             disabled_pass=disabled_pass,
             module_equality=module_equality,
+            executor=executor,
         )
 
     return extract_tasks

@@ -21,10 +21,11 @@ from tvm.ir.supply import NameSupply
 from tvm.target import Target
 
 from .errors import ExtractionError, RelayTasksError, SkippedTaskWarning, describe_failure
-from .inputs import ParamsLike, TargetLike, as_module, as_params, as_target
+from .inputs import ParamsLike, TargetLike
 from .ir import is_primitive_task
 from .lower import LoweredTE, flatten_tuple_type, lower_to_te
 from .pipeline import PassSettings, extraction_scope, optimize
+from .request import Request
 from .vm_compiler import compiler_calls
 
 
@@ -113,14 +114,11 @@ def extract_tasks(
         then functions only other global functions call, in the order the compiler lowers them.
     """
     settings = PassSettings(opt_level).merged(pass_config, disabled_pass)
-    return run_extraction(mod, target, params, settings)
+    return run_extraction(Request.of(mod, target, params, settings))
 
 
 def run_extraction(
-    mod: Any,
-    target: TargetLike,
-    params: ParamsLike,
-    settings: PassSettings,
+    request: Request,
     *,
     environment: Callable[[], AbstractContextManager[Any]] = nullcontext,
     lowering_scope: LoweringScope = _no_tracing,
@@ -133,13 +131,10 @@ def run_extraction(
     ``call_order`` gives the functions a compiler lowers, one per call site, in its order (the
     tasks' ``calls``; None for a tuner that only walks ``main``).
     """
-    module = as_module(mod)
-    tgt = as_target(target)
-    bound = as_params(params, module)
-    with extraction_scope(tgt, settings), environment():
-        fused = optimize(module, bound)
+    with extraction_scope(request.target, request.settings), environment():
+        fused = optimize(request.mod, request.params)
         groups = group_primitive_functions(fused, call_order)
-        tasks = _lower_groups(groups, tgt, lowering_scope)
+        tasks = _lower_groups(groups, request.target, lowering_scope)
     in_main = [task for task in tasks if task.visits]
     return in_main[::-1] + [task for task in tasks if not task.visits]
 

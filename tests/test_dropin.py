@@ -96,6 +96,20 @@ def test_installed_entry_points_equal_the_originals() -> None:
     assert actual_weights == expected_weights
 
 
+def test_installed_meta_schedule_takes_upstreams_executor_argument() -> None:
+    """Linked params through ``executor=`` put the weights inside the tasks (4 equal blocks
+    stay 4 tasks); the drop-in must hand the argument on."""
+    ms_up = _entry_points()[0]
+    linked = relay.backend.Executor("graph", {"link-params": True})
+    params = load("repeated_blocks")[1]
+    expected = ms_up(load("repeated_blocks")[0], tvm.target.Target(X86), params, executor=linked)
+    with relay_tasks.installed():
+        actual = ms.relay_integration.extract_tasks(
+            load("repeated_blocks")[0], tvm.target.Target(X86), params, executor=linked
+        )
+    assert_same_extracted_tasks(list(expected), list(actual))
+
+
 def _run(lib, mod: tvm.IRModule) -> np.ndarray:
     module = graph_executor.GraphModule(lib["default"](tvm.cpu()))
     shape = [int(d) for d in mod["main"].params[0].checked_type.shape]

@@ -33,8 +33,9 @@ from ..extract import (
     run_extraction,
     warn_skipped_dynamic,
 )
-from ..inputs import ParamsLike, TargetLike, as_target
+from ..inputs import ParamsLike, TargetLike
 from ..pipeline import PassSettings
+from ..request import Request
 from ..vm_cache import op_weights, storage_size_tasks, vm_function_names
 from .base import (
     Adapter,
@@ -96,9 +97,8 @@ def extract_tasks(
             "in upstream's order (mod, params, target), which auto_scheduler.extract_tasks takes "
             "with relay_tasks.install()"
         )
-    pairs = _extract(
-        mod, params, target, target_host, hardware_params, include_simple_tasks, opt_level
-    )
+    request = _request(mod, target, params, target_host, opt_level)
+    pairs = _extract(request, hardware_params, include_simple_tasks)
     tasks = [search for search, _, _ in pairs]
     if dump_workload_to_dag_log is not None:
         with open(dump_workload_to_dag_log, "w") as handle:
@@ -114,15 +114,11 @@ def extract(
     unknown = sorted(set(options) - allowed)
     if unknown:
         raise ModelError(f"unknown Ansor option(s): {', '.join(unknown)}")
-    tgt = as_target(target)
+    request = _request(mod, target, params, options.get("target_host"), options.get("opt_level", 3))
     pairs = _extract(
-        mod,
-        params,
-        tgt,
-        options.get("target_host"),
-        options.get("hardware_params") or default_hardware_params(tgt),
+        request,
+        options.get("hardware_params") or default_hardware_params(request.target),
         bool(options.get("include_simple_tasks", False)),
-        options.get("opt_level", 3),
     )
     return [
         # The description joins names from a set (process-dependent order); sorted for display.
@@ -274,24 +270,26 @@ def default_hardware_params(target: Target) -> Any:
     )
 
 
-def _extract(
+def _request(
     mod: Any,
-    params: ParamsLike,
     target: TargetLike,
+    params: ParamsLike,
     target_host: TargetLike | None,
-    hardware_params: Any,
-    include_simple_tasks: bool,
     opt_level: int,
-) -> list[tuple[auto_scheduler.SearchTask, int, Task]]:
-    tgt = as_target(target)
-    if target_host is not None:
-        tgt = Target(tgt, as_target(target_host))
+) -> Request:
     settings = PassSettings(opt_level, PASS_CONFIG, DISABLED_PASSES)
-    tasks = run_extraction(mod, tgt, params, settings)
+    return Request.of(mod, target, params, settings, target_host=target_host)
+
+
+def _extract(
+    request: Request, hardware_params: Any, include_simple_tasks: bool
+) -> list[tuple[auto_scheduler.SearchTask, int, Task]]:
+    tgt = request.target
+    tasks = run_extraction(request)
     lowered_in_order = in_call_order(tasks)
     # The compiler lowers in batches: the model's functions, then the storage-size functions its
     # memory planning adds for dynamic shapes.
-    batches = [lowered_in_order, storage_size_tasks(lowered_in_order, tgt, settings)]
+    batches = [lowered_in_order, storage_size_tasks(lowered_in_order, tgt, request.settings)]
     lowered = [task for batch in batches for task in batch]
     names = vm_function_names(lowered)
     mode = (

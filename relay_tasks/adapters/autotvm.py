@@ -23,8 +23,9 @@ from tvm.target import Target
 
 from ..errors import ModelError, describe_text
 from ..extract import Task, display_name, in_call_order, run_extraction, shape_text
-from ..inputs import ParamsLike, TargetLike, as_target
+from ..inputs import ParamsLike, TargetLike
 from ..pipeline import PassSettings
+from ..request import Request
 from .base import Adapter, Measurement, Runner, TunerTask
 
 NAME = "autotvm"
@@ -62,7 +63,8 @@ def extract_tasks(
     -------
     list of tvm.autotvm.task.Task
     """
-    return [task for _, task in _extract([(mod, params)], target, ops, opt_level, target_host)]
+    request = _request(mod, target, params, opt_level, target_host)
+    return [task for _, task in _extract([request], ops)]
 
 
 def extract_tasks_from_models(
@@ -75,8 +77,13 @@ def extract_tasks_from_models(
     target_host: TargetLike | None = None,
 ) -> list[autotvm.task.Task]:
     """Several models at once, equal to ``autotvm.task.extract_from_multiple_program``."""
-    pairs = _extract(list(zip(mods, params, strict=True)), target, ops, opt_level, target_host)
-    return [task for _, task in pairs]
+    requests: list[Request] = []
+    for mod, weights in zip(mods, params, strict=True):
+        if requests:  # the target and settings are checked once, for the first model
+            requests.append(requests[0].with_model(mod, weights))
+        else:
+            requests.append(_request(mod, target, weights, opt_level, target_host))
+    return [task for _, task in _extract(requests, ops)]
 
 
 def extract(
@@ -87,13 +94,8 @@ def extract(
     unknown = sorted(set(options) - allowed)
     if unknown:
         raise ModelError(f"unknown AutoTVM option(s): {', '.join(unknown)}")
-    pairs = _extract(
-        [(mod, params)],
-        target,
-        options.get("ops"),
-        options.get("opt_level", 3),
-        options.get("target_host"),
-    )
+    request = _request(mod, target, params, options.get("opt_level", 3), options.get("target_host"))
+    pairs = _extract([request], options.get("ops"))
     return [
         TunerTask(task.name, weight, source.anchor_op if source else "", key(task), task)
         for (source, task), weight in zip(pairs, _weights(pairs), strict=True)
@@ -106,36 +108,36 @@ def _weights(pairs: list[tuple[Task | None, autotvm.task.Task]]) -> list[int]:
     return [source.weight if source else 1 for source, _ in pairs]
 
 
-def _extract(
-    models: Sequence[tuple[Any, ParamsLike]],
+def _request(
+    mod: Any,
     target: TargetLike,
-    ops: Sequence[Any] | None,
+    params: ParamsLike,
     opt_level: int,
     target_host: TargetLike | None,
-) -> list[tuple[Task | None, autotvm.task.Task]]:
-    tgt = as_target(target)
-    if target_host is not None:
-        tgt = Target(tgt, as_target(target_host))
+) -> Request:
     settings = PassSettings(opt_level, {}, DISABLED_PASSES)
+    return Request.of(mod, target, params, settings, target_host=target_host)
+
+
+def _extract(
+    requests: Sequence[Request], ops: Sequence[Any] | None
+) -> list[tuple[Task | None, autotvm.task.Task]]:
     env = TaskExtractEnv.get()
     env.reset(list(ops) if ops is not None else None)
-    records: list[tuple[Task | None, tuple[str, Any]]] = []
-    for mod, params in models:
+    records: list[tuple[Task | None, tuple[str, Any], Target]] = []
+    for request in requests:
         before_lowering: list[tuple[str, Any]] = []
         tasks = run_extraction(
-            mod,
-            tgt,
-            params,
-            settings,
+            request,
             environment=functools.partial(_tracing, env, before_lowering),
             lowering_scope=lambda: _per_function(env),
         )
-        records += [(None, r) for r in before_lowering]
+        records += [(None, r, request.target) for r in before_lowering]
         lowered_in_order = in_call_order(tasks)
-        records += [(task, record) for task in lowered_in_order for record in task.traced]
+        records += [(t, record, request.target) for t in lowered_in_order for record in t.traced]
     result: list[tuple[Task | None, autotvm.task.Task]] = []
     seen: set[tuple[str, Any]] = set()
-    for source, (name, args) in records:
+    for source, (name, args), tgt in records:
         if (name, args) in seen:
             continue
         seen.add((name, args))

@@ -12,6 +12,7 @@ import importlib
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -26,8 +27,9 @@ from tvm.target import Target
 from ..cxx import std_sort
 from ..errors import ModelError, describe_text
 from ..extract import Task, run_extraction, warn_skipped_dynamic
-from ..inputs import ParamsLike, TargetLike, as_module, as_target
+from ..inputs import ParamsLike, TargetLike
 from ..pipeline import PassSettings, extraction_scope
+from ..request import Request
 from .base import (
     Adapter,
     Measurement,
@@ -55,6 +57,7 @@ def extract_task_from_relay(
     pass_config: Mapping[str, Any] = DEFAULT_PASS_CONFIG,
     disabled_pass: Any = None,
     module_equality: str = "structural",
+    executor: Any = None,
 ) -> list[ms.ExtractedTask]:
     """Extract MetaSchedule tuning tasks, equal to ``ms.relay_integration.extract_tasks``.
 
@@ -70,13 +73,18 @@ def extract_task_from_relay(
         The PassContext; ``pass_config`` replaces upstream's default as it does upstream.
     module_equality : {"structural", "ignore-ndarray", "anchor-block"}
         How TIR modules are compared when deduplicating tasks.
+    executor : relay.backend.Executor, optional
+        Attached to a module that names no executor (default: the graph executor), as upstream
+        does; with ``link-params`` it decides whether weights become part of the tasks.
 
     Returns
     -------
     list of tvm.meta_schedule.ExtractedTask
         Ready for ``ms.tune_tasks`` / ``ms.relay_integration.tune_relay``.
     """
-    pairs = _extract(mod, target, params, opt_level, pass_config, disabled_pass, module_equality)
+    equality = _checked_equality(module_equality)
+    settings = PassSettings(opt_level, dict(pass_config), frozenset(disabled_pass or ()))
+    pairs = _extract(Request.of(mod, target, params, settings), equality, executor)
     return [extracted for _, extracted in pairs]
 
 
@@ -84,17 +92,15 @@ def extract(
     mod: Any, target: TargetLike, params: ParamsLike = None, **options: Any
 ) -> list[TunerTask]:
     """The registry's entry point: :func:`extract_task_from_relay` as :class:`TunerTask` rows."""
-    pairs = _extract(
-        mod,
-        target,
-        params,
+    settings = PassSettings(
         options.pop("opt_level", 3),
-        options.pop("pass_config", DEFAULT_PASS_CONFIG),
-        options.pop("disabled_pass", None),
-        options.pop("module_equality", "structural"),
+        dict(options.pop("pass_config", DEFAULT_PASS_CONFIG)),
+        frozenset(options.pop("disabled_pass", None) or ()),
     )
+    module_equality = _checked_equality(options.pop("module_equality", "structural"))
     if options:
         raise ModelError(f"unknown MetaSchedule option(s): {', '.join(sorted(options))}")
+    pairs = _extract(Request.of(mod, target, params, settings), module_equality)
     return [
         TunerTask(et.task_name, int(et.weight), task.anchor_op, key(et), et) for task, et in pairs
     ]
@@ -105,34 +111,31 @@ def key(task: ms.ExtractedTask) -> str:
     return f"{int(tvm.ir.structural_hash(task.dispatched[0])) & (2**64 - 1):016x}"
 
 
-def _extract(
-    mod: Any,
-    target: TargetLike,
-    params: ParamsLike,
-    opt_level: int,
-    pass_config: Mapping[str, Any],
-    disabled_pass: Any,
-    module_equality: str,
-) -> list[tuple[Task, ms.ExtractedTask]]:
+def _checked_equality(module_equality: str) -> str:
     if module_equality not in MODULE_EQUALITIES:
         raise ModelError(
             f"unknown module_equality {module_equality!r}; "
             f"choose one of {', '.join(MODULE_EQUALITIES)}"
         )
-    module = with_executor(as_module(mod))
-    tgt = as_target(target)
-    settings = PassSettings(opt_level, dict(pass_config), frozenset(disabled_pass or ()))
+    return module_equality
+
+
+def _extract(
+    request: Request, module_equality: str, executor: Any = None
+) -> list[tuple[Task, ms.ExtractedTask]]:
+    request = replace(request, mod=with_executor(request.mod, executor))
     # Upstream walks main only; what a compiler would lower (and in what order) is not asked.
     tasks = run_extraction(
-        module, tgt, params, settings, environment=lambda: tophub_scope(tgt), call_order=None
+        request, environment=lambda: tophub_scope(request.target), call_order=None
     )
-    return to_extracted_tasks(tasks, tgt, settings, module_equality)
+    return to_extracted_tasks(tasks, request.target, request.settings, module_equality)
 
 
-def with_executor(mod: IRModule) -> IRModule:
-    """Attach the graph executor as upstream's wrapper does, unless the module names one."""
+def with_executor(mod: IRModule, executor: Any = None) -> IRModule:
+    """Attach ``executor`` (the graph executor if None) as upstream's wrapper does, unless the
+    module names one: the module's own executor wins."""
     if mod.get_attr("executor") is None:
-        return mod.with_attr("executor", relay.backend.Executor("graph"))
+        return mod.with_attr("executor", executor or relay.backend.Executor("graph"))
     return mod
 
 

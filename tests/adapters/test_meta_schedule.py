@@ -179,6 +179,26 @@ def test_linked_params_make_ignore_ndarray_merge_blocks_that_differ_in_weights(
     assert sum(counts["ignore-ndarray"]) == sum(counts["structural"])
 
 
+@pytest.mark.parametrize("own", [None, "graph"])
+def test_executor_argument_is_upstreams(own: str | None) -> None:
+    """``executor=`` is attached as upstream attaches it: only to a module naming none (a
+    module's own executor wins). With link-params asked through it the weights are inside the
+    tasks, so the argument changes the answer and the comparison can tell."""
+    from zoo import copy_module
+
+    mod, params = load("repeated_blocks")
+    if own:
+        mod = mod.with_attr("executor", relay.backend.Executor(own))
+    linked = relay.backend.Executor("graph", {"link-params": True})
+    actual = extract_task_from_relay(mod, X86, params, executor=linked)
+    expected = ms.relay_integration.extract_tasks(
+        copy_module(mod), tvm.target.Target(X86), params, executor=linked
+    )
+    assert_same_extracted_tasks(expected, actual)
+    plain = extract_task_from_relay(mod, X86, params)  # weights as params: equal blocks merge
+    assert (len(actual) == len(plain)) == bool(own)
+
+
 def test_a_deferred_constant_inside_a_task_fails_loudly() -> None:
     """The last fold may leave a large constant uncomputed; if one ever reached a primitive
     function, lowering would read an uninitialised buffer: extraction must refuse instead."""
