@@ -134,7 +134,7 @@ def run_extraction(
     with extraction_scope(request.target, request.settings), environment():
         fused = optimize(request.mod, request.params)
         groups = group_primitive_functions(fused, call_order)
-        tasks = _lower_groups(groups, request.target, lowering_scope)
+        tasks = _lower_groups(groups, request.target, lowering_scope, call_order is not None)
     in_main = [task for task in tasks if task.visits]
     return in_main[::-1] + [task for task in tasks if not task.visits]
 
@@ -220,14 +220,18 @@ def warn_skipped_dynamic(task: Task, tuner: str) -> bool:
     return True
 
 
-def _lower_groups(groups: list[_Group], target: Target, scope: LoweringScope) -> list[Task]:
-    """Lower each group once, in post order, sharing one constant-name supply as upstream does.
+def _lower_groups(
+    groups: list[_Group], target: Target, scope: LoweringScope, compiled: bool
+) -> list[Task]:
+    """Lower each group once, sharing one constant-name supply as upstream does.
 
-    Upstream lowers every occurrence, so a repeated function still draws names for its tensor
-    constants; drawing the same names here keeps later constants' names equal to upstream's.
+    The names of tensor constants (linked params) are drawn in the order upstream lowers, and
+    they enter Ansor's workload keys. MetaSchedule's extraction lowers every occurrence in
+    ``main``'s post order, so a repeated function draws its names again; a compiler
+    (``compiled``: AutoTVM, Ansor) lowers each call site in call order and a cache hit draws
+    nothing.
     """
     constant_names = NameSupply("")
-    owner = {v: g for g in groups for v in g.visits}
     lowered: dict[int, tuple[LoweredTE, tuple[Any, ...]]] = {}
 
     def lower(group: _Group) -> None:
@@ -235,15 +239,22 @@ def _lower_groups(groups: list[_Group], target: Target, scope: LoweringScope) ->
             result = _lower_one(group.func, target, constant_names)
         lowered[id(group)] = (result, tuple(record))
 
-    for visit in sorted(owner):
-        group = owner[visit]
-        done = lowered.get(id(group))
-        if done is None:
-            lower(group)
-            continue
-        for base in done[0].constant_bases:
-            constant_names.fresh_name(base)
-    for group in groups:  # called only from other global functions, which main's walk misses
+    if compiled:
+        order = {c: g for g in groups for c in g.calls}
+        for call in sorted(order):
+            if id(order[call]) not in lowered:
+                lower(order[call])
+    else:
+        owner = {v: g for g in groups for v in g.visits}
+        for visit in sorted(owner):
+            group = owner[visit]
+            done = lowered.get(id(group))
+            if done is None:
+                lower(group)
+                continue
+            for base in done[0].constant_bases:
+                constant_names.fresh_name(base)
+    for group in groups:  # functions the walk above did not reach
         if id(group) not in lowered:
             lower(group)
     return [

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 import hypothesis
 import numpy as np
 import tvm
 from hypothesis.control import currently_in_test_context
+from tvm import relay
 
 from relay_tasks import RelayTasksError
 from relay_tasks.adapters.meta_schedule import extract_task_from_relay
@@ -82,13 +84,49 @@ def assert_ansor_matches(
             )
         return [(t.workload_key, t.desc, w) for t, w in zip(tasks, weights, strict=True)]
 
+    def upstream() -> list:
+        return oracles.ansor_tasks_of(copy_module(mod), _nd(params), target, include_simple_tasks)
+
     expected, actual = _both(
-        lambda: oracles.ansor_tasks_of(copy_module(mod), _nd(params), target, include_simple_tasks),
+        upstream,
         ours,
         lambda traced, ours: {r[0] for r in traced} <= {r[0] for r in ours},  # workload keys
     )
+    if _order_follows_addresses(mod):
+        expected, actual = _unordered(expected), _unordered(actual)
     assert actual == expected, _first_difference(expected, actual)
     return actual
+
+
+def _order_follows_addresses(mod: tvm.IRModule) -> bool:
+    """Whether upstream's Ansor order is defined for ``mod``.
+
+    The VM compiler walks the module's global functions in the order of a TVM map; its lowering
+    cache fills in that order, and the cache's iteration order is Ansor's task order. Beyond
+    four entries (a module with the Prelude) the map is keyed by object addresses, and so it is
+    when loops (lifted to global functions) meet run-time shapes (measured: one such model,
+    4 calls in one process, 2 orders). There upstream's order and its ``_N`` name suffixes
+    change from call to call; only the tasks, their weights and names up to the suffix are
+    defined.
+    """
+    typed = relay.transform.InferType()(mod)["main"]
+    loops, dynamic = [], []
+
+    def visit(node: relay.Expr) -> None:
+        if isinstance(node, relay.Let) and isinstance(node.value, relay.Function):
+            loops.append(node)
+        ty = getattr(node, "_checked_type_", None)
+        if isinstance(ty, relay.TensorType) and any(isinstance(d, tvm.tir.Any) for d in ty.shape):
+            dynamic.append(node)
+
+    relay.analysis.post_order_visit(typed, visit)
+    return len(mod.functions) > 4 or (bool(loops) and bool(dynamic))
+
+
+def _unordered(rows: list) -> list:
+    """Ansor rows as a sorted list, each name's ``_N`` suffix dropped."""
+    strip = lambda desc: ",".join(re.sub(r"_\d+$", "", name) for name in desc.split(","))  # noqa: E731
+    return sorted((key, strip(desc), weight) for key, desc, weight in rows)
 
 
 def _both(

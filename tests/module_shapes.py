@@ -145,6 +145,30 @@ def control_flow() -> Model:
     return _with_main(tvm.IRModule(), body, [data, flag, *variables.values()]), params
 
 
+def dynamic_while_loop() -> Model:
+    """A convolution on a static input beside a while loop over a tensor whose shape is known
+    only at run time (flattened by a ``dyn.reshape``): the VM sizes storage at run time in
+    ``main`` and in the lifted loop body. Found by the fuzzer: on such modules upstream's Ansor
+    order follows object addresses and varies between calls (the check accepts any of its
+    answers)."""
+    variables, params = _weights(w=(8, 3, 3, 3))
+    data = relay.var("data", shape=(1, 3, 8, 8))
+    seq = relay.var("seq", shape=(2, 4, relay.Any(), relay.Any()))
+    batch = relay.strided_slice(relay.shape_of(seq, "int64"), begin=[0], end=[1])
+    shape = relay.concatenate([batch, relay.const([-1], "int64")], axis=0)
+    flat = relay.reshape(relay.nn.relu(seq), shape)
+    i = relay.var("i", shape=(), dtype="int32")
+    h = relay.var("h", shape=(relay.Any(), relay.Any()))
+    loop = loops.while_loop(
+        lambda i, h: relay.less(i, relay.const(3, "int32")),
+        [i, h],
+        lambda i, h: [i + relay.const(1, "int32"), relay.exp(h)],
+    )
+    looped = relay.TupleGetItem(loop(relay.const(0, "int32"), flat), 1)
+    body = relay.Tuple([_conv_relu(data, variables["w"]), looped])
+    return _with_main(tvm.IRModule(), body, [data, seq, *variables.values()]), params
+
+
 def tuples_in_and_out() -> Model:
     """A tuple-typed input and a tuple output, as frontends pass (hidden, cell) states."""
     variables, params = _weights(w=(16, 16))
@@ -201,6 +225,7 @@ MODULE_SHAPES: dict[str, Callable[[], Model]] = {
         while_loop,
         if_then_else,
         control_flow,
+        dynamic_while_loop,
         tuples_in_and_out,
         optional_and_list_inputs,
     )
@@ -213,6 +238,7 @@ MUST_SHOW = {
     "while_loop": ("softmax",),
     "if_then_else": ("conv2d", "max_pool2d", "avg_pool2d"),
     "control_flow": ("conv2d", "max_pool2d", "avg_pool2d"),
+    "dynamic_while_loop": ("conv2d",),
     "tuples_in_and_out": ("dense",),
     "optional_and_list_inputs": ("dense", "softmax"),
 }

@@ -417,8 +417,8 @@ def _shape_of(b: _Builder, x: Value) -> Value:
 def _dyn_reshape(b: _Builder, x: Value) -> Value:
     """Flatten to (batch, -1) with the shape computed in the graph: a dyn.reshape, which
     folding makes static unless the input's shape is known only at run time."""
-    batch = relay.strided_slice(relay.shape_of(x.expr), begin=[0], end=[1])
-    newshape = relay.concatenate([batch, relay.const(np.array([-1], "int64"))], axis=0)
+    batch = relay.strided_slice(relay.shape_of(x.expr, "int64"), begin=[0], end=[1])
+    newshape = relay.concatenate([batch, relay.const([-1], "int64")], axis=0)
     return b.infer(relay.reshape(x.expr, newshape))
 
 

@@ -354,3 +354,91 @@ def test_a_task_without_one_of_its_fields_is_refused(field: str, task_texts, tmp
     del document["tasks"][1][field]
     with pytest.raises(relay_tasks.ModelError, match=f'task 1 has no "{field}"; re-extract it'):
         load_tasks(_file(tmp_path, _sealed(document)))
+
+
+def _damaged(change: Any) -> Any:
+    """A damage applied to the autotvm file's document (sealed again, so only it is wrong)."""
+
+    def apply(document: dict[str, Any]) -> Any:
+        result = change(document)
+        return _sealed(document) if result is None else result
+
+    return apply
+
+
+DAMAGES = {
+    "a list": (
+        _damaged(lambda d: [d]),
+        'not a relay-tasks task file (no "format": "relay-tasks/2"); re-extract it with '
+        "relay-tasks extract --format json",
+    ),
+    "future format": (
+        _damaged(lambda d: d.update(format="relay-tasks/9")),
+        "unknown task file format 'relay-tasks/9' (this relay-tasks reads relay-tasks/2); "
+        "re-extract it with relay-tasks extract --format json",
+    ),
+    "tuner not a string": (
+        _damaged(lambda d: d.update(tuner=3)),
+        'the file: "tuner" is not a string',
+    ),
+    "task not an object": (
+        _damaged(lambda d: d["tasks"].__setitem__(0, "x")),
+        "task 0 is not a JSON object",
+    ),
+    "moved": (
+        _damaged(lambda d: d["tasks"][0].update(index=1)),
+        "task 0 says it is task 1 (tasks were moved)",
+    ),
+    "weight 0": (
+        _damaged(lambda d: d["tasks"][1].update(weight=0)),
+        "task 1: weight 0 (a task is used at least once)",
+    ),
+    "unknown tuner": (
+        _damaged(lambda d: d.update(tuner="tvm")),
+        "unknown tuner 'tvm'",
+    ),
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+def test_each_damage_is_named_exactly(damage: str, task_texts, tmp_path: Path) -> None:
+    change, message = DAMAGES[damage]
+    path = _file(tmp_path, change(json.loads(task_texts["autotvm"])))
+    with pytest.raises(relay_tasks.ModelError) as caught:
+        load_tasks(path)
+    assert str(caught.value) == f"{path}: {message}"
+
+
+def test_unreadable_and_too_deep_files_are_named(tmp_path: Path) -> None:
+    with pytest.raises(relay_tasks.ModelError, match=r"tasks.json: cannot read the task file \("):
+        load_tasks((tmp_path / "tasks.json").mkdir() or tmp_path / "tasks.json")
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(relay_tasks.ModelError) as caught:
+        load_tasks(deep)
+    assert str(caught.value) == f"{deep}: not a task file (JSON nested too deeply)"
+
+
+def test_gflop_is_the_tasks_work_in_billions() -> None:
+    """A lone unpadded convolution, counted by hand: 2 * N*K*OH*OW * C*R*S multiply-adds,
+    written in billions with six decimals (451,584 -> 0.000452)."""
+    data = relay.var("data", shape=(1, 8, 16, 16))
+    weight = relay.var("weight", shape=(16, 8, 3, 3))
+    mod = tvm.IRModule.from_expr(relay.nn.conv2d(data, weight, channels=16, kernel_size=(3, 3)))
+    flops = 2 * 1 * 16 * 14 * 14 * 8 * 3 * 3
+    for tuner in TUNERS:
+        tasks = relay_tasks.extract(mod, X86, tuner=tuner)
+        document = tasks_document(tasks, tuner=tuner, target=tvm.target.Target(X86), models=[])
+        convs = [t["gflop"] for t in document["tasks"] if "conv2d" in t["name"]]
+        assert convs == [0.000452], tuner
+    assert round(flops / 1e9, 6) == 0.000452
+
+
+def test_task_files_are_indented_with_sorted_keys(task_texts) -> None:
+    """Two extractions diff line by line: two-space indents, keys in sorted order."""
+    text = task_texts["meta_schedule"]
+    lines = text.splitlines()
+    assert lines[0] == "{" and lines[1].startswith('  "') and not lines[1].startswith("   ")
+    keys: list[list[str]] = []
+    json.loads(text, object_pairs_hook=lambda pairs: keys.append([k for k, _ in pairs]) or {})
+    assert all(k == sorted(k) for k in keys) and any(len(k) > 1 for k in keys)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import tvm
 from tvm import meta_schedule as ms
@@ -17,9 +18,17 @@ from relay_tasks.adapters.meta_schedule import (
     extract_task_from_relay,
     tir_module,
 )
+from relay_tasks.extract import run_extraction
+from relay_tasks.pipeline import PassSettings
+from relay_tasks.request import Request
+from relay_tasks.vm_compiler import compiler_calls
 
 import oracles
-from checks import assert_meta_schedule_matches, assert_same_extracted_tasks
+from checks import (
+    assert_ansor_matches,
+    assert_meta_schedule_matches,
+    assert_same_extracted_tasks,
+)
 from cuda_schedules import cuda_injective_schedules
 from small_graphs import partitioned_for_ccompiler
 from zoo import CUDA, X86, load, model_target_rows
@@ -51,6 +60,67 @@ def test_distinct_functions_are_what_the_vm_compiler_lowers(model: str, target: 
     assert [q.name for q in lowered] == [name for name, _ in converted]
     for query, (name, ours) in zip(lowered, converted, strict=True):
         assert tvm.ir.structural_equal(query.mod, ours), name
+
+
+@pytest.mark.parametrize(("model", "target"), model_target_rows())
+def test_backend_order_is_upstream_metaschedules(model: str, target: str) -> None:
+    """The backend's own order, checked without any adapter (each adapter re-sorts): upstream's
+    MetaSchedule tasks, found among ours by their Relay function, come in our order with our
+    weights (most of ours are among them: upstream leaves out only what has no TIR)."""
+    mod, params = load(model)
+    ours = extract_tasks(mod, target, params, pass_config=DEFAULT_PASS_CONFIG)
+    positions, weights = [], []
+    for task in oracles.meta_schedule(model, target):
+        func = task.mod[task.mod.get_global_vars()[0]]
+        found = [i for i, t in enumerate(ours) if tvm.ir.structural_equal(t.func, func)]
+        assert len(found) == 1, f"{task.task_name}: {len(found)} of our tasks have its function"
+        positions.append(found[0])
+        weights.append((ours[found[0]].weight, int(task.weight)))
+    assert positions == sorted(positions), positions
+    assert positions and len(positions) >= len(ours) * 2 // 3
+    assert all(o == u for o, u in weights), weights
+
+
+def _linked_repeats() -> tvm.IRModule:
+    """Three conv blocks with linked params, the last two with the very same weights."""
+    rng = np.random.default_rng(0)
+    weights = [relay.const(rng.standard_normal((8, 8, 3, 3)).astype("float32")) for _ in "ab"]
+    data = relay.var("data", shape=(1, 8, 8, 8))
+    out = data
+    for weight in (weights[1], weights[0], weights[0]):
+        conv = relay.nn.conv2d(out, weight, padding=(1, 1), channels=8, kernel_size=(3, 3))
+        out = relay.nn.relu(conv)
+    mod = tvm.IRModule.from_expr(relay.Function([data], out))
+    return mod.with_attr("executor", relay.backend.Executor("graph", {"link-params": True}))
+
+
+@pytest.mark.parametrize("target", [X86, CUDA])
+def test_linked_constants_are_named_in_each_tuners_lowering_order(target: str) -> None:
+    """Tensor constants are named from one supply in lowering order, and the names enter
+    Ansor's workload keys. MetaSchedule's extraction lowers a repeated block at each
+    occurrence (drawing a name each time), the VM compiler behind AutoTVM and Ansor once per
+    distinct block (a cache hit draws none): with one rule for both, Ansor's two conv tasks
+    swapped workload keys. Found by the mutation run."""
+    mod = _linked_repeats()
+    assert_meta_schedule_matches(mod, {}, target)
+    with cuda_injective_schedules():
+        assert_ansor_matches(mod, {}, target, include_simple_tasks=True)
+    # main's post order meets the outermost call first: the repeated block (twice: the name
+    # "fused_constant_1" is drawn and thrown away), then the other; the compiler calls the
+    # innermost first and lowers the repeated block once.
+    expected = {
+        None: {2: ["fused_constant"], 1: ["fused_constant_2"]},
+        compiler_calls: {1: ["fused_constant"], 2: ["fused_constant_1"]},
+    }
+    request = Request.of(mod, target, {}, PassSettings(config=dict(DEFAULT_PASS_CONFIG)))
+    for call_order, names in expected.items():
+        tasks = run_extraction(request, call_order=call_order)
+        found = {
+            t.weight: [c.op.name for c, _ in t.lowered.constants]
+            for t in tasks
+            if t.lowered.constants
+        }
+        assert found == names
 
 
 def test_weights_count_every_occurrence() -> None:
@@ -132,3 +202,120 @@ def test_functions_for_an_external_compiler_are_not_tasks() -> None:
     for task in extract_tasks(annotated, X86, params):
         assert "Compiler" not in task.func.attrs
         assert "add" not in task.name
+
+
+def _strategy_with_broken_compute(attrs, inputs, out_type, target):
+    """A softmax whose TE compute itself raises (no pass asks for it: lowering to TE is
+    where extraction fails)."""
+
+    def compute(attrs, inputs, out_type):
+        raise RuntimeError("this TE compute is broken")
+
+    strategy = _op.OpStrategy()
+    strategy.add_implementation(compute, lambda attrs, outs, target: None, name="broken")
+    return strategy
+
+
+def test_a_broken_te_compute_is_one_extraction_error_naming_target_and_cause() -> None:
+    from relay_tasks import ExtractionError
+
+    mod, params = load("dense_softmax")
+    with (
+        TempOpAttr("nn.softmax", "FTVMStrategy", _strategy_with_broken_compute),
+        pytest.raises(ExtractionError) as caught,
+    ):
+        extract_tasks(mod, X86, params)
+    message = str(caught.value)
+    assert message.startswith("cannot lower a primitive function to TE compute for target llvm: ")
+    assert "this TE compute is broken" in message
+
+
+def test_disabled_passes_are_honoured() -> None:
+    """AlterOpLayout is what turns x86 convolutions into NCHWc ones (and adds layout tasks)."""
+    mod, params = load("conv_bias_bn_relu")
+    default = [t.name for t in extract_tasks(mod, X86, params)]
+    disabled = [t.name for t in extract_tasks(mod, X86, params, disabled_pass=["AlterOpLayout"])]
+    assert any("NCHWc" in name for name in default)
+    assert disabled and not any("NCHWc" in n or "layout_transform" in n for n in disabled)
+
+
+def test_what_a_lowering_scope_records_is_kept_per_task() -> None:
+    """A tuner's lowering scope is entered once per distinct function; what it records while
+    that function is lowered is that task's ``traced``."""
+    from contextlib import contextmanager
+
+    lowered: list[str] = []
+
+    @contextmanager
+    def scope():
+        record: list[str] = []
+        yield record
+        record.append(f"lowering {len(lowered)}")
+        lowered.append("x")
+
+    mod, params = load("repeated_blocks")
+    request = Request.of(mod, X86, params, PassSettings())
+    tasks = run_extraction(request, lowering_scope=scope)
+    assert len(lowered) == len(tasks)
+    assert sorted(t.traced for t in tasks) == [(f"lowering {i}",) for i in range(len(tasks))]
+
+
+def test_a_function_only_other_functions_call_weighs_its_calls() -> None:
+    """``block`` is called twice from main through a global function: it is in no walk of
+    main, yet the compiler lowers it at each call."""
+    from module_shapes import MODULE_SHAPES
+
+    mod, params = MODULE_SHAPES["several_global_functions"]()
+    tasks = extract_tasks(mod, X86, params)
+    outside = [t for t in tasks if not t.visits]
+    assert outside and all(t.weight == len(t.calls) >= 1 for t in outside)
+    assert tasks[-len(outside) :] == outside  # after main's, in call order
+    assert [t.calls[0] for t in outside] == sorted(t.calls[0] for t in outside)
+
+
+def test_in_call_order_leaves_out_what_the_compiler_never_calls() -> None:
+    from relay_tasks.extract import in_call_order
+
+    def task(name: str, calls: tuple[int, ...]) -> Task:
+        return Task(name, None, None, None, 1, name, (), calls)  # type: ignore[arg-type]
+
+    tasks = [task("a", (3,)), task("b", ()), task("c", (0, 5)), task("d", (1,))]
+    assert [t.name for t in in_call_order(tasks)] == ["c", "d", "a"]
+
+
+def test_dynamic_shapes_are_found_and_spelled_with_question_marks() -> None:
+    from relay_tasks.extract import display_name, dynamic_shape, shape_text
+
+    assert shape_text([1, tvm.tir.IntImm("int64", 16)]) is None
+    assert shape_text([tvm.tir.Any(), 16]) == "(?, 16)"
+    assert shape_text([2, tvm.tir.Var("n", "int64"), 3]) == "(2, ?, 3)"
+    x = relay.var("x", shape=(relay.Any(), 16))
+    y = relay.var("y", shape=(4, 16))
+    for params, body, expected in [
+        ([x], relay.nn.relu(x), "(?, 16)"),
+        ([y], relay.nn.relu(y), None),
+        ([y], relay.Tuple([y, relay.reshape(y, (-1,))]), None),
+        ([y, x], relay.Tuple([y, relay.nn.relu(x)]), "(?, 16)"),
+    ]:
+        func = relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function(params, body)))
+        assert dynamic_shape(func["main"]) == expected
+    assert display_name(Task("fused_nn.dense_add", *[None] * 4, 1, "k", (), ())) == (  # type: ignore[arg-type]
+        "fused_nn_dense_add"
+    )
+
+
+def test_a_dynamic_task_is_left_out_with_one_warning_naming_it() -> None:
+    from relay_tasks import SkippedTaskWarning
+    from relay_tasks.extract import warn_skipped_dynamic
+
+    x = relay.var("x", shape=(relay.Any(), 16))
+    mod = tvm.IRModule.from_expr(relay.Function([x], relay.nn.relu(x)))
+    (task,) = extract_tasks(mod, X86)
+    with pytest.warns(SkippedTaskWarning) as warned:
+        assert warn_skipped_dynamic(task, "Ansor") is True
+    assert str(warned[0].message) == (
+        "fused_nn_relu has the dynamic shape (?, 16): Ansor cannot tune it and it is left out, "
+        "as upstream leaves it out; give the model static input shapes to tune it"
+    )
+    static, _ = load("dense_softmax")
+    assert warn_skipped_dynamic(extract_tasks(static, X86)[0], "Ansor") is False
