@@ -242,5 +242,9 @@ MUST_SHOW = {
     "tuples_in_and_out": ("dense",),
     "optional_and_list_inputs": ("dense", "softmax"),
 }
+#: Modules with several global functions whose Ansor order upstream gives the same on every
+#: call (measured: 6 calls each on x86, cuda and aarch64): built by inserting at most four
+#: functions, their maps keep insertion order. (See ``checks._order_follows_addresses``.)
+STABLE_ANSOR_ORDER = frozenset({"several_global_functions", "while_loop", "control_flow"})
 #: Modules upstream's VM compiler (behind AutoTVM and Ansor extraction) rejects after fusion.
 VM_REJECTS = frozenset({"prelude_list_in_main"})

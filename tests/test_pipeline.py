@@ -192,3 +192,75 @@ def test_layout_hooks_reuse_the_strategy_choice_only_inside_the_hooks(monkeypatc
     assert asked_plain == 3 and asked_remembered == 1
     assert {name: getattr(topi.nn, name) for name in hooks} == hooks
     assert te_compiler.select_implementation is counting
+
+
+@pytest.mark.parametrize("level", [-1, 5, 3.0, "3", None])
+def test_opt_level_outside_0_to_4_is_refused(level: Any) -> None:
+    from relay_tasks import ModelError
+    from relay_tasks.pipeline import PassSettings
+
+    with pytest.raises(ModelError) as caught:
+        PassSettings(level)
+    assert str(caught.value) == f"opt_level must be an integer from 0 to 4, got {level!r}"
+
+
+def test_settings_merge_the_users_on_top_and_become_the_pass_context() -> None:
+    from relay_tasks.pipeline import PassSettings
+
+    base = PassSettings(2, {"a": 1, "b": 2}, frozenset({"X"}))
+    assert base.merged() == base
+    merged = base.merged({"b": 3, "c": 4}, ["Y"])
+    assert merged == PassSettings(2, {"a": 1, "b": 3, "c": 4}, frozenset({"X", "Y"}))
+    config = {"relay.backend.use_meta_schedule": True}
+    context = PassSettings(4, config, frozenset({"FoldScaleAxis", "AlterOpLayout"})).context()
+    assert context.opt_level == 4
+    assert dict(context.config) == config
+    assert list(context.disabled_pass) == ["AlterOpLayout", "FoldScaleAxis"]
+    assert PassSettings(0).context().opt_level == 0 and PassSettings(4).opt_level == 4
+
+
+def test_binding_params_makes_a_new_module_only_when_there_are_params() -> None:
+    mod = as_module(load("dense_softmax")[0])
+    params = {k: tvm.nd.array(v) for k, v in load("dense_softmax")[1].items()}
+    assert bind_params(mod, {}) is mod
+    bound = bind_params(mod, params)
+    assert bound is not mod and len(mod["main"].params) > 0
+    assert [p.name_hint for p in bound["main"].params] == ["data"]
+
+
+def test_the_strategy_memo_key_tells_apart_everything_the_choice_depends_on() -> None:
+    """Two calls share the remembered implementation only if op, attributes, input shapes and
+    dtypes, output type, target, AutoTVM use and dispatch context are all equal."""
+    from tvm import autotvm
+
+    from relay_tasks.pipeline import _implementation_key
+
+    def key(**change: Any) -> Any:
+        base = {
+            "op": relay.op.get("nn.dense"),
+            "attrs": tvm.ir.make_node("relay.attrs.DenseAttrs", units=8, out_dtype=""),
+            "inputs": [tvm.te.placeholder((4, 16)), tvm.te.placeholder((8, 16))],
+            "out_type": relay.TensorType((4, 8)),
+            "target": tvm.target.Target(X86),
+            "use_autotvm": True,
+        }
+        return _implementation_key(**{**base, **change})
+
+    assert key() == key() and key() is not None
+    variants = [
+        {"op": relay.op.get("nn.batch_matmul")},
+        {"attrs": tvm.ir.make_node("relay.attrs.DenseAttrs", units=8, out_dtype="float16")},
+        {"attrs": None},
+        {"inputs": [tvm.te.placeholder((2, 16)), tvm.te.placeholder((8, 16))]},
+        {"inputs": [tvm.te.placeholder((4, 16), "float16"), tvm.te.placeholder((8, 16))]},
+        {"out_type": relay.TensorType((4, 8), "float16")},
+        {"target": tvm.target.Target("cuda")},
+        {"use_autotvm": False},
+    ]
+    keys = [key(**v) for v in variants]
+    assert all(k != key() for k in keys) and len(set(keys)) == len(keys)
+    with autotvm.apply_history_best([]):  # another dispatch context
+        inside = key()
+    assert inside != key()
+    dynamic = [tvm.te.placeholder((tvm.tir.Var("n", "int64"), 16)), tvm.te.placeholder((8, 16))]
+    assert key(inputs=dynamic) is None

@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parent.parent
 #: Each module with the tests written for it (the fast ones: no tuning, no model zoo).
 TARGETS: dict[str, list[str]] = {
     "relay_tasks/extract.py": ["tests/test_extract.py"],
-    "relay_tasks/pipeline.py": ["tests/test_pipeline.py"],
+    "relay_tasks/pipeline.py": ["tests/test_pipeline.py", "tests/test_extract.py"],
     "relay_tasks/fold.py": ["tests/test_fold.py"],
     "relay_tasks/export.py": ["tests/test_export.py"],
     "relay_tasks/dropin.py": ["tests/test_dropin.py", "-k", "not tuning_script"],

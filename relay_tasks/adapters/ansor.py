@@ -26,9 +26,17 @@ from tvm.auto_scheduler.relay_integration import TracingEnvironment, TracingMode
 from tvm.auto_scheduler.workload_registry import register_workload_tensors
 from tvm.target import Target
 
-from ..errors import ModelError, TargetError, UsageError, describe_text
+from ..errors import (
+    ExtractionError,
+    ModelError,
+    TargetError,
+    UsageError,
+    describe_failure,
+    describe_text,
+)
 from ..extract import (
     Task,
+    display_name,
     in_call_order,
     run_extraction,
     warn_skipped_dynamic,
@@ -298,13 +306,7 @@ def _extract(
     env = TracingEnvironment(mode)
     with _tracing(env, tgt):
         for name, task in zip(names, lowered, strict=True):
-            outputs = _schedulable_outputs(task)
-            # Upstream's own rule: a task needs static shapes on the tensors its compute reads
-            # and writes (a shape_of reads no tensor, so a dynamic input does not count).
-            if upstream.traverse_to_get_io_tensors(outputs)[0]:
-                upstream.auto_schedule_topi(name, outputs)
-            else:
-                warn_skipped_dynamic(task, "Ansor")
+            _trace(name, task)
         upstream.te_compiler_update_weights(op_weights(batches, names, tgt))
     by_name = dict(zip(names, lowered, strict=True))
     result = []
@@ -321,6 +323,25 @@ def _extract(
         source = by_name[min(func_names, key=names.index)]
         result.append((search, int(weight), source))
     return result
+
+
+def _trace(name: str, task: Task) -> None:
+    """Hand one lowered function to Ansor's tracing, as the compiler does."""
+    outputs = _schedulable_outputs(task)
+    try:
+        # Upstream's own rule: a task needs static shapes on the tensors its compute reads
+        # and writes (a shape_of reads no tensor, so a dynamic input does not count).
+        static = upstream.traverse_to_get_io_tensors(outputs)[0]
+    except tvm.TVMError as err:  # a shape that reads a tensor (data-dependent): TVM gives up
+        raise ExtractionError(
+            f"Ansor cannot read the shapes of {display_name(task)} "
+            f"({describe_failure(err)}); upstream's extraction fails here too: give the model "
+            "static input shapes"
+        ) from err
+    if static:
+        upstream.auto_schedule_topi(name, outputs)
+    else:
+        warn_skipped_dynamic(task, "Ansor")
 
 
 def _search_task(**kwargs: Any) -> auto_scheduler.SearchTask:

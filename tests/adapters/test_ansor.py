@@ -123,3 +123,34 @@ def test_upstreams_argument_order_is_refused_with_the_house_order_named() -> Non
     mod, params = load("dense_softmax")
     with pytest.raises(UsageError, match=r"takes \(mod, target, params\)"):
         extract_tasks(mod, params, X86)
+
+
+def test_a_shape_that_reads_a_tensor_is_one_extraction_error() -> None:
+    """An SSD head on a batch known only at run time: the decoded boxes' shape reads a tensor,
+    and Ansor's shape reader (``traverse_to_get_io_tensors``) raises a raw TVMError upstream.
+    Ours says which function and what to do. Found by the fuzzer (x86)."""
+    import numpy as np
+
+    from relay_tasks import ExtractionError
+
+    from checks import assert_ansor_matches
+
+    data = relay.var("data", shape=(relay.Any(), 16))
+    scores, offsets = relay.var("scores", shape=(8, 16)), relay.var("offsets", shape=(16, 16))
+    probs = relay.nn.softmax(relay.reshape(relay.nn.dense(data, scores), (-1, 2, 4)), axis=1)
+    anchors = np.sort(np.random.default_rng(0).uniform(0, 1, (1, 4, 2, 2)), axis=2)
+    boxes = relay.vision.multibox_transform_loc(
+        probs, relay.nn.dense(data, offsets), relay.const(anchors.reshape(1, 4, 4), "float32")
+    )[0]
+    mod = tvm.IRModule.from_expr(relay.Function([data, scores, offsets], boxes))
+    params = {
+        "scores": np.ones((8, 16), "float32"),
+        "offsets": np.ones((16, 16), "float32"),
+    }
+    assert assert_ansor_matches(mod, params, X86, include_simple_tasks=True) == []
+    with pytest.raises(
+        ExtractionError,
+        match=r"^Ansor cannot read the shapes of fused_vision_multibox_transform_loc \(.*\); "
+        "upstream's extraction fails here too: give the model static input shapes$",
+    ):
+        extract_tasks(mod, X86, params, include_simple_tasks=True)
