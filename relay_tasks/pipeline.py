@@ -307,9 +307,9 @@ def optimize(mod: IRModule, params: Mapping[str, tvm.nd.NDArray]) -> IRModule:
     except RelayTasksError:
         raise
     except Exception as err:  # TOPI's legalize / alter-layout hooks raise anything at all
-        target = tvm.target.Target.current()
+        target = tvm.target.Target.current(allow_none=False)  # extraction_scope's
         raise ExtractionError(
-            f"TVM failed to optimise the model for {target.kind.name if target else 'its target'}"
-            f": {describe_failure(err)} (raised by TVM's own passes, which upstream's extraction "
-            "runs too; another layout or target for this op may avoid it)"
+            f"TVM failed to optimise the model for {target.kind.name}: {describe_failure(err)} "
+            "(raised by TVM's own passes, which upstream's extraction runs too; another layout "
+            "or target for this op may avoid it)"
         ) from err

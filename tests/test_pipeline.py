@@ -56,19 +56,38 @@ def _leaf_passes(runs: list[tuple[int, str]]) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    ("opt_level", "disabled"),
-    [(3, ()), (2, ()), (3, ("AlterOpLayout",)), (4, ()), (3, ("FoldScaleAxis", "FoldConstant"))],
+    ("opt_level", "disabled", "required"),
+    [
+        (3, (), ()),
+        (2, (), ()),
+        (3, ("AlterOpLayout",), ()),
+        (4, (), ()),
+        (3, ("FoldScaleAxis", "FoldConstant"), ()),
+        (1, (), ("FoldScaleAxis", "AlterOpLayout")),
+    ],
 )
-def test_same_passes_as_upstreams_prefix(opt_level: int, disabled: tuple[str, ...]) -> None:
+def test_same_passes_as_upstreams_prefix(
+    opt_level: int, disabled: tuple[str, ...], required: tuple[str, ...]
+) -> None:
     mod, params = load("conv_bias_bn_relu")
     target = tvm.target.Target(X86)
-    theirs, ours = _PassLog(), _PassLog()
+    runs = []
     bound = bind_params(as_module(mod), params)
-    with target, tvm.transform.PassContext(opt_level, disabled_pass=disabled, instruments=[theirs]):
-        tvm.get_global_func("relay.backend.GetPassPrefixSeq")(True, True)(bound)
-    with target, tvm.transform.PassContext(opt_level, disabled_pass=disabled, instruments=[ours]):
-        run_passes(pass_prefix(), bound)
-    assert _leaf_passes(ours.runs) == _leaf_passes(theirs.runs)
+    for run in (tvm.get_global_func("relay.backend.GetPassPrefixSeq")(True, True), None):
+        log = _PassLog()
+        with (
+            target,
+            tvm.transform.PassContext(
+                opt_level, required_pass=required, disabled_pass=disabled, instruments=[log]
+            ),
+        ):
+            if run:
+                run(bound)
+            else:
+                run_passes(pass_prefix(), bound)
+        runs.append(_leaf_passes(log.runs))
+    assert runs[1] == runs[0]
+    assert all(name in runs[0] for name in ("AlterOpLayout",) if name in required)
 
 
 def test_groups_are_enabled_as_a_whole() -> None:
@@ -264,3 +283,32 @@ def test_the_strategy_memo_key_tells_apart_everything_the_choice_depends_on() ->
     assert inside != key()
     dynamic = [tvm.te.placeholder((tvm.tir.Var("n", "int64"), 16)), tvm.te.placeholder((8, 16))]
     assert key(inputs=dynamic) is None
+
+
+def test_a_pass_that_fails_is_one_extraction_error_naming_target_and_cause() -> None:
+    """x86's dense alter-layout hook asks the op strategy for its compute: a compute that
+    raises fails inside TVM's passes, before any lowering."""
+    from tvm.relay.op import op as _op
+    from tvm.relay.testing.temp_op_attr import TempOpAttr
+
+    from relay_tasks import ExtractionError, extract_tasks
+
+    def strategy(attrs, inputs, out_type, target):
+        def compute(attrs, inputs, out_type):
+            raise RuntimeError("this TE compute is broken")
+
+        found = _op.OpStrategy()
+        found.add_implementation(compute, lambda attrs, outs, target: None, name="broken")
+        return found
+
+    mod, params = load("dense_softmax")
+    with (
+        TempOpAttr("nn.dense", "FTVMStrategy", strategy),
+        pytest.raises(ExtractionError) as caught,
+    ):
+        extract_tasks(mod, X86, params)
+    assert str(caught.value) == (
+        "TVM failed to optimise the model for llvm: this TE compute is broken "
+        "(raised by TVM's own passes, which upstream's extraction runs too; another layout or "
+        "target for this op may avoid it)"
+    )
