@@ -312,3 +312,110 @@ def test_a_pass_that_fails_is_one_extraction_error_naming_target_and_cause() -> 
         "(raised by TVM's own passes, which upstream's extraction runs too; another layout or "
         "target for this op may avoid it)"
     )
+
+
+def test_a_module_is_still_typed_only_while_its_functions_are_the_typed_ones() -> None:
+    """The runner skips an InferType a pass asks for only if no function changed since the
+    module was last typed."""
+    from relay_tasks.pipeline import _Runner
+
+    mod = relay.transform.InferType()(as_module(load("dense_softmax")[0]))
+    runner = _Runner(tvm.transform.PassContext())
+    assert not runner._still_typed(mod)
+    runner.typed = mod
+    assert runner._still_typed(mod)
+    changed = relay.transform.FoldConstant()(mod)
+    assert not changed["main"].same_as(mod["main"])
+    assert not runner._still_typed(changed)
+    x = relay.var("x", shape=(2,))
+    grown = tvm.IRModule(mod.functions, mod.type_definitions)
+    grown[relay.GlobalVar("other")] = relay.Function([x], x)
+    assert not runner._still_typed(grown)
+    fewer = tvm.IRModule({mod.get_global_var("main"): mod["main"]})
+    runner.typed = grown
+    assert not runner._still_typed(fewer)
+
+
+def test_a_required_pass_that_cannot_be_made_is_named() -> None:
+    from relay_tasks import ExtractionError
+    from relay_tasks.pipeline import _named_pass
+
+    assert _named_pass("InferType").info.name == "InferType"
+    with pytest.raises(ExtractionError) as caught:
+        _named_pass("NoSuchPass")
+    assert str(caught.value) == "cannot create the pass 'NoSuchPass' that another pass requires"
+
+
+def _parallel(op: str, branches: int) -> tvm.IRModule:
+    """``branches`` ops of one kind reading the same input, as CombineParallel* looks for."""
+    if op == "conv2d":
+        x = relay.var("x", shape=(1, 4, 8, 8))
+        outs = [
+            relay.nn.conv2d(x, relay.var(f"w{i}", shape=(4, 4, 3, 3)), padding=(1, 1))
+            for i in range(branches)
+        ]
+    elif op == "dense":
+        x = relay.var("x", shape=(2, 8))
+        outs = [relay.nn.dense(x, relay.var(f"w{i}", shape=(8, 8))) for i in range(branches)]
+    else:
+        x = relay.var("x", shape=(2, 4, 8))
+        outs = [
+            relay.nn.batch_matmul(x, relay.var(f"w{i}", shape=(2, 8, 8))) for i in range(branches)
+        ]
+    body = relay.Tuple(outs)
+    return tvm.IRModule.from_expr(relay.Function(relay.analysis.free_vars(body), body))
+
+
+def _global_passed_as_value() -> tvm.IRModule:
+    """main hands a global function to the Prelude's ``map`` (a value, not a call)."""
+    from tvm.relay.prelude import Prelude
+
+    mod = tvm.IRModule()
+    prelude = Prelude(mod)
+    x = relay.var("x", shape=(4,))
+    double = relay.GlobalVar("double")
+    mod[double] = relay.Function([x], x + x, ret_type=relay.TensorType((4,)))
+    _, cons, nil = mod.get_type("List")
+    data = relay.var("data", shape=(4,))
+    mod["main"] = relay.Function([data], prelude.map(double, cons(data, nil())))
+    return mod
+
+
+def _op_calls(func: relay.Function, names: tuple[str, ...]) -> int:
+    found: list[relay.Call] = []
+    relay.analysis.post_order_visit(
+        func,
+        lambda n: (
+            found.append(n)
+            if isinstance(n, relay.Call) and getattr(n.op, "name", "") in names
+            else None
+        ),
+    )
+    return len(found)
+
+
+_COMBINED = ("nn.conv2d", "nn.dense", "nn.batch_matmul")
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        *(
+            pytest.param(lambda op=op, n=n: _parallel(op, n), id=f"{op}-{n}")
+            for op in ("conv2d", "dense", "batch_matmul")
+            for n in (3, 4)
+        ),
+        pytest.param(_global_passed_as_value, id="global-as-value"),
+    ],
+)
+def test_the_prefix_leaves_what_upstreams_leaves(build: Any) -> None:
+    """Pass arguments matter, not only pass names: three parallel branches are combined at
+    opt_level 4 (four too), global functions passed as values are not eta-expanded."""
+    mod = relay.transform.InferType()(build())
+    context = tvm.transform.PassContext(4, disabled_pass=["AlterOpLayout"])
+    with tvm.target.Target(X86), context:
+        theirs = tvm.get_global_func("relay.backend.GetPassPrefixSeq")(True, True)(mod)
+        ours = run_passes(pass_prefix(), mod)
+    assert tvm.ir.structural_equal(ours, theirs)
+    before = _op_calls(mod["main"], _COMBINED)
+    assert before == 0 or _op_calls(ours["main"], _COMBINED) == 1  # the branches combined
