@@ -686,8 +686,8 @@ def fold_module(mod: tvm.IRModule, ctx: tvm.transform.PassContext, last: bool) -
 
 # The pass decorator replaces the class, which mutation tools cannot instrument: the work is in
 # fold_module.
-@tvm.transform.module_pass(opt_level=2, name="FoldConstant")  # pragma: no mutate
-class FoldConstant:  # pragma: no mutate
+@tvm.transform.module_pass(opt_level=2, name="FoldConstant")
+class FoldConstant:  # pragma: no mutate block
     """Drop-in for ``relay.transform.FoldConstant()``: numpy first, TVM for what remains.
 
     ``last=True`` marks the pipeline's final fold before FuseOps, where large results may be
