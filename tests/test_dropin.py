@@ -221,9 +221,12 @@ def test_a_meta_schedule_tuning_script_runs_unchanged(reference, tmp_path) -> No
 
 
 @pytest.mark.parametrize("tuner", ["meta_schedule", "autotvm", "ansor"])
-def test_errors_reach_scripts_that_catch_tvm_errors(tuner: str) -> None:
+def test_errors_reach_scripts_that_catch_tvm_errors(tuner: str, monkeypatch) -> None:
     """Upstream raises ``tvm.TVMError`` where relay-tasks raises its own errors: through the
     drop-in, ours are both, so ``except tvm.TVMError`` in an existing script still catches them."""
+    from relay_tasks import dropin
+
+    monkeypatch.setattr(dropin, "_BOTH", {})  # the combined classes are made on first use
     mod, params = load("dense_softmax")
     wrong = {**params, "not_a_weight": np.zeros(3, "float32")}  # a ModelError in relay-tasks
     target = tvm.target.Target(X86)
@@ -237,3 +240,22 @@ def test_errors_reach_scripts_that_catch_tvm_errors(tuner: str) -> None:
             extract()
     assert isinstance(caught.value, relay_tasks.ModelError)
     assert "match no parameter of main: not_a_weight" in str(caught.value)
+    shown = type(caught.value)
+    assert (shown.__name__, shown.__module__) == ("ModelError", "relay_tasks.errors")
+    assert list(dropin._BOTH) == [relay_tasks.ModelError]
+
+
+def test_installing_inside_an_installed_block_keeps_it_installed() -> None:
+    from relay_tasks import dropin
+
+    originals = _entry_points()
+    relay_tasks.install()
+    try:
+        assert dropin.is_installed()
+        with relay_tasks.installed():
+            pass
+        assert dropin.is_installed()
+        assert ms.relay_integration.extract_tasks is not originals[0]
+    finally:
+        relay_tasks.uninstall()
+    assert not dropin.is_installed()

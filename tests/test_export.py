@@ -432,11 +432,22 @@ def test_gflop_is_the_tasks_work_in_billions() -> None:
         convs = [t["gflop"] for t in document["tasks"] if "conv2d" in t["name"]]
         assert convs == [0.000452], tuner
     assert round(flops / 1e9, 6) == 0.000452
+    # And a large one, where the sixth decimal shows a unit off by one part in a billion,
+    # a 1x1 convolution: 2 * 8*1024*112*112 * 1024 = 210,453,397,504 -> 210.453398 (a unit of
+    # 1e9 + 1 would give 210.453397).
+    data = relay.var("data", shape=(8, 1024, 112, 112))
+    weight = relay.var("weight", shape=(1024, 1024, 1, 1))
+    big = tvm.IRModule.from_expr(relay.nn.conv2d(data, weight, channels=1024, kernel_size=(1, 1)))
+    tasks = relay_tasks.extract(big, X86, tuner="meta_schedule")
+    document = tasks_document(
+        tasks, tuner="meta_schedule", target=tvm.target.Target(X86), models=[]
+    )
+    assert [t["gflop"] for t in document["tasks"] if "conv2d" in t["name"]] == [210.453398]
 
 
 def test_task_files_are_indented_with_sorted_keys(task_texts) -> None:
     """Two extractions diff line by line: two-space indents, keys in sorted order."""
-    text = task_texts["meta_schedule"]
+    text = dumps(json.loads(task_texts["meta_schedule"]))
     lines = text.splitlines()
     assert lines[0] == "{" and lines[1].startswith('  "') and not lines[1].startswith("   ")
     keys: list[list[str]] = []
