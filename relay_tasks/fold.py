@@ -14,6 +14,7 @@ call; anything else falls through to TVM.
 
 from __future__ import annotations
 
+import functools
 import mmap
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -38,17 +39,17 @@ _ARITH_DTYPES = frozenset({"float32", "float64"})
 def _arith(fn: Callable[..., Array]) -> Evaluator:
     """An elementwise op of same-dtype operands (Relay's type rule), computed into the aligned
     buffer that becomes the folded constant."""
+    return functools.partial(_elementwise, fn)
 
-    def evaluate(attrs: Any, args: Sequence[Array]) -> Array | None:
-        dtype = args[0].dtype
-        if str(dtype) not in _ARITH_DTYPES or any(a.dtype != dtype for a in args):
-            return None
-        out = aligned_empty(np.broadcast_shapes(*(a.shape for a in args)), dtype)
-        with np.errstate(all="ignore"):
-            fn(*args, out=out)
-        return out
 
-    return evaluate
+def _elementwise(fn: Callable[..., Array], attrs: Any, args: Sequence[Array]) -> Array | None:
+    dtype = args[0].dtype
+    if str(dtype) not in _ARITH_DTYPES or any(a.dtype != dtype for a in args):
+        return None
+    out = aligned_empty(np.broadcast_shapes(*(a.shape for a in args)), dtype)
+    with np.errstate(all="ignore"):
+        fn(*args, out=out)
+    return out
 
 
 def _negative(x: Array, *, out: Array) -> Array:
