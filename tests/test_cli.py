@@ -394,3 +394,60 @@ def test_status_lines_go_to_a_terminal_and_never_to_stdout(tiny_model) -> None:
     assert shown.startswith("1 tasks in ") and shown.rstrip().endswith(" s")
     piped = subprocess.run(command, capture_output=True, text=True, check=True)
     assert (piped.stdout, piped.stderr) == (TINY_TABLE, "")
+
+
+def test_each_verb_parses_to_its_documented_defaults() -> None:
+    """The defaults the README's usage relies on, verb by verb; omitted required options and
+    unknown choices are usage errors."""
+    parse = build_parser().parse_args
+    ext = parse(["extract"])
+    assert (ext.models, ext.format, ext.output, ext.tuner, ext.target) == (
+        ["resnet-50"],
+        "table",
+        None,
+        "meta_schedule",
+        None,
+    )
+    assert (ext.module_equality, ext.model_format, ext.input_shapes, ext.params) == (
+        None,
+        None,
+        None,
+        None,
+    )
+    tune = parse(["tune", "tasks.json", "--work-dir", "w"])
+    assert (tune.models, tune.trials, tune.timeout, tune.work_dir) == (
+        ["tasks.json"],
+        64,
+        20.0,
+        "w",
+    )
+    assert (tune.rpc_tracker, tune.rpc_key, tune.tuner) == (None, None, "meta_schedule")
+    status = parse(["status", "--work-dir", "w"])
+    assert (status.models, status.plot) == ([], None)
+    build = parse(["compile", "m.onnx", "--work-dir", "w", "-o", "m.tar"])
+    assert (build.models, build.output, build.benchmark) == (["m.onnx"], "m.tar", False)
+    assert parse(["compile", "m", "--work-dir", "w", "-o", "x", "--benchmark"]).benchmark is True
+    serve = parse(["serve", "--tracker", "h:1", "--key", "k"])
+    assert (serve.host, serve.port, serve.tracker, serve.key) == ("127.0.0.1", 9090, "h:1", "k")
+    many = parse(["extract", "a", "b", "--input-shapes", "x:[1]", "--input-shapes", "y:[2]"])
+    assert (many.models, many.input_shapes) == (["a", "b"], ["x:[1]", "y:[2]"])
+    typed = parse(["tune", "t", "--work-dir", "w", "--trials", "7", "--timeout", "1.5"])
+    assert (typed.trials, typed.timeout) == (7, 1.5)
+    for bad in (
+        ["tune", "t"],  # no --work-dir
+        ["tune", "--work-dir", "w"],  # no model
+        ["status"],
+        ["compile", "m", "--work-dir", "w"],  # no -o
+        ["compile", "m", "n", "--work-dir", "w", "-o", "x"],  # one model only
+        ["serve", "--key", "k"],
+        ["serve", "--tracker", "h:1"],
+        ["extract", "--format", "xml"],
+        ["extract", "--tuner", "tvm"],
+        ["extract", "--module-equality", "loose"],
+        ["extract", "--model-format", "caffe"],
+        ["tune", "t", "--work-dir", "w", "--trials", "many"],
+        [],
+    ):
+        with pytest.raises(SystemExit) as caught:
+            parse(bad)
+        assert caught.value.code == EXIT_USAGE, bad
