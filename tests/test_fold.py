@@ -539,6 +539,30 @@ def test_deferred_results_that_nothing_reads_are_never_computed(monkeypatch) -> 
     assert calls == ["r", "r"]
 
 
+def test_placeholders_are_tracked_until_filled_and_the_size_bound_is_inclusive() -> None:
+    """Each deferred result is listed as unfilled while the guard is open, and leaves the list
+    when something reads it; exactly DEFER_MIN_ELEMENTS elements is large enough to defer."""
+    from relay_tasks.fold import DEFER_MIN_ELEMENTS, FoldConstant, deferred_placeholders
+
+    side = int(DEFER_MIN_ELEMENTS**0.5)
+    assert side * side == DEFER_MIN_ELEMENTS
+    w = np.random.default_rng(4).standard_normal((side, side)).astype("float32")
+    x = relay.var("x", shape=(side, side))
+    unread = relay.Function([x], relay.add(x, relay.transpose(relay.const(w))))
+    read = relay.Function([], relay.exp(relay.transpose(relay.const(w))))  # TVM folds exp
+    for func, left in ((unread, 1), (read, 0)):
+        mod = relay.transform.InferType()(tvm.IRModule.from_expr(func))
+        with tvm.transform.PassContext(opt_level=3), deferred_placeholders() as unfilled:
+            FoldConstant(last=True)(mod)
+            assert [tuple(c.data.shape) for c in unfilled.values()] == [(side, side)] * left
+    y = relay.var("y", shape=(side - 1, side))
+    smaller = relay.Function([y], relay.add(y, relay.transpose(relay.const(w[:, 1:]))))
+    mod = relay.transform.InferType()(tvm.IRModule.from_expr(smaller))
+    with tvm.transform.PassContext(opt_level=3), deferred_placeholders() as unfilled:
+        FoldConstant(last=True)(mod)
+        assert unfilled == {}
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     shape=hnp.array_shapes(min_dims=2, max_dims=4, min_side=1, max_side=70),
