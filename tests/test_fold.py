@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import numpy as np
 import pytest
@@ -633,3 +634,54 @@ def test_fresh_results_become_constants_without_a_copy_and_views_are_copied() ->
     assert np.array_equal(copied.numpy(), view)
     unaligned = np.zeros(65, "float32")[1:]
     assert np.array_equal(as_ndarray(unaligned).numpy(), unaligned)
+
+
+@pytest.mark.parametrize(
+    ("config", "executor", "linked"),
+    [
+        (None, None, False),
+        (None, {}, False),
+        (None, {"link-params": False}, False),
+        (None, {"link-params": True}, True),
+        (True, None, True),
+        (False, {"link-params": True}, False),  # the pass config wins, as in FuseOps
+        (True, {"link-params": False}, True),
+    ],
+)
+def test_links_params_decides_as_fuse_ops_does(config: Any, executor: Any, linked: bool) -> None:
+    from relay_tasks.fold import links_params
+
+    mod = tvm.IRModule.from_expr(relay.Function([], relay.const(1.0)))
+    if executor is not None:
+        mod = mod.with_attr("executor", relay.backend.Executor("graph", executor))
+    options = {} if config is None else {"relay.FuseOps.link_params": config}
+    assert links_params(mod, tvm.transform.PassContext(config=options)) is linked
+
+
+def test_an_unfilled_placeholder_inside_a_fused_function_is_named() -> None:
+    from relay_tasks.errors import ExtractionError
+    from relay_tasks.fold import refuse_placeholders
+
+    placeholder = relay.Constant(tvm.nd.empty((8,), "float32"))
+    other = relay.Constant(tvm.nd.array(np.ones(8, "float32")))
+    x = relay.var("x", shape=(8,))
+    fused = relay.Function([x], relay.add(relay.add(x, other), placeholder))
+    fused = fused.with_attr("Primitive", 1).with_attr("hash", "00c0ffee")
+    y = relay.var("y", shape=(8,))
+    outside = relay.add(relay.Call(fused, [y]), placeholder)  # outside a fused function: fine
+    mod = tvm.IRModule.from_expr(relay.Function([y], outside))
+    refuse_placeholders(mod, {})
+    refuse_placeholders(mod, {12345: placeholder})  # keyed by another object: not this one
+    plain = tvm.IRModule.from_expr(relay.Function([y], outside.args[1] + y))
+    refuse_placeholders(plain, {placeholder.handle.value: placeholder})
+    with pytest.raises(ExtractionError) as caught:
+        refuse_placeholders(mod, {placeholder.handle.value: placeholder})
+    assert str(caught.value) == (
+        "a constant whose value was deferred and never computed is inside 00c0ffee; relay-tasks "
+        "would lower an uninitialised buffer (please report this model)"
+    )
+    unnamed = tvm.IRModule.from_expr(
+        relay.Function([y], relay.Call(fused.without_attr("hash"), [y]))
+    )
+    with pytest.raises(ExtractionError, match="is inside a function;"):
+        refuse_placeholders(unnamed, {placeholder.handle.value: placeholder})
