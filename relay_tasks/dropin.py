@@ -67,26 +67,20 @@ def _upstream_errors(extract: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return extract(*args, **kwargs)
         except RelayTasksError as err:
-            both = _also_tvm_error(type(err))
-            if both is None:
-                raise
-            raise both(*err.args) from err
+            raise _also_tvm_error(type(err))(*err.args) from err
 
     return call
 
 
-def _also_tvm_error(cls: type[RelayTasksError]) -> type[RelayTasksError] | None:
+def _also_tvm_error(cls: type[RelayTasksError]) -> type[RelayTasksError]:
     import tvm
 
     if cls not in _BOTH:
-        try:
-            _BOTH[cls] = type(cls.__name__, (cls, tvm.TVMError), {"__module__": cls.__module__})
-        except TypeError:  # an incompatible base (ImportError's layout): keep the error as is
-            _BOTH[cls] = None
+        _BOTH[cls] = type(cls.__name__, (cls, tvm.TVMError), {"__module__": cls.__module__})
     return _BOTH[cls]
 
 
-_BOTH: dict[type[RelayTasksError], type[RelayTasksError] | None] = {}
+_BOTH: dict[type[RelayTasksError], type[RelayTasksError]] = {}
 
 
 def _meta_schedule(original: Callable[..., Any]) -> Callable[..., Any]:

@@ -259,3 +259,35 @@ def test_installing_inside_an_installed_block_keeps_it_installed() -> None:
     finally:
         relay_tasks.uninstall()
     assert not dropin.is_installed()
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "ModelError",
+        "TargetError",
+        "DependencyError",
+        "ExtractionError",
+        "TuningError",
+        "UsageError",
+    ],
+)
+def test_every_error_of_ours_reaches_tvm_error_handlers(name: str, monkeypatch) -> None:
+    """Every error class of ours combines with TVMError (ImportError's DependencyError too), once
+    per class, with its message and its own class kept."""
+    from relay_tasks import dropin
+
+    monkeypatch.setattr(dropin, "_BOTH", {})
+    cls = getattr(relay_tasks.errors, name)
+
+    def extract(*args, **kwargs):
+        raise cls("the message")
+
+    wrapped = dropin._upstream_errors(extract)
+    raised = []
+    for _ in range(2):
+        with pytest.raises(tvm.TVMError) as caught:
+            wrapped()
+        raised.append(type(caught.value))
+        assert isinstance(caught.value, cls) and str(caught.value) == "the message"
+    assert raised[0] is raised[1] and list(dropin._BOTH) == [cls]
