@@ -319,3 +319,18 @@ def test_a_dynamic_task_is_left_out_with_one_warning_naming_it() -> None:
     )
     static, _ = load("dense_softmax")
     assert warn_skipped_dynamic(extract_tasks(static, X86)[0], "Ansor") is False
+
+
+def test_a_tasks_key_is_its_functions_structural_hash_in_hex() -> None:
+    """Keys identify functions across processes and models: 16 hex digits of the unsigned
+    64-bit structural hash, so distinct functions have distinct keys."""
+    mod, params = load("conv_bias_bn_relu")
+    other, other_params = load("dense_softmax")
+    tasks = extract_tasks(mod, X86, params) + extract_tasks(other, X86, other_params)
+    for task in tasks:
+        assert (
+            len(task.key) == 16 and int(task.key, 16) == tvm.ir.structural_hash(task.func) % 2**64
+        )
+    assert len({t.key for t in tasks}) == len(tasks)
+    again = extract_tasks(mod, X86, params)
+    assert [t.key for t in again] == [t.key for t in tasks[: len(again)]]
