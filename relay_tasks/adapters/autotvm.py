@@ -124,7 +124,7 @@ def _extract(
 ) -> list[tuple[Task | None, autotvm.task.Task]]:
     env = TaskExtractEnv.get()
     env.reset(list(ops) if ops is not None else None)
-    records: list[tuple[Task | None, tuple[str, Any], Target]] = []
+    records: list[tuple[Task | None, tuple[str, Any]]] = []
     for request in requests:
         before_lowering: list[tuple[str, Any]] = []
         tasks = run_extraction(
@@ -132,12 +132,13 @@ def _extract(
             environment=functools.partial(_tracing, env, before_lowering),
             lowering_scope=lambda: _per_function(env),
         )
-        records += [(None, r, request.target) for r in before_lowering]
+        records += [(None, r) for r in before_lowering]
         lowered_in_order = in_call_order(tasks)
-        records += [(t, record, request.target) for t in lowered_in_order for record in t.traced]
+        records += [(t, record) for t in lowered_in_order for record in t.traced]
     result: list[tuple[Task | None, autotvm.task.Task]] = []
     seen: set[tuple[str, Any]] = set()
-    for source, (name, args), tgt in records:
+    tgt = requests[0].target if requests else None  # one target: with_model keeps it
+    for source, (name, args) in records:
         if (name, args) in seen:
             continue
         seen.add((name, args))

@@ -83,8 +83,8 @@ def extract_task_from_relay(
         Ready for ``ms.tune_tasks`` / ``ms.relay_integration.tune_relay``.
     """
     equality = _checked_equality(module_equality)
-    settings = PassSettings(opt_level, dict(pass_config), frozenset(disabled_pass or ()))
-    pairs = _extract(Request.of(mod, target, params, settings), equality, executor)
+    request = Request.of(mod, target, params, _settings(opt_level, pass_config, disabled_pass))
+    pairs = _extract(request, equality, executor)
     return [extracted for _, extracted in pairs]
 
 
@@ -92,10 +92,10 @@ def extract(
     mod: Any, target: TargetLike, params: ParamsLike = None, **options: Any
 ) -> list[TunerTask]:
     """The registry's entry point: :func:`extract_task_from_relay` as :class:`TunerTask` rows."""
-    settings = PassSettings(
+    settings = _settings(
         options.pop("opt_level", 3),
-        dict(options.pop("pass_config", DEFAULT_PASS_CONFIG)),
-        frozenset(options.pop("disabled_pass", None) or ()),
+        options.pop("pass_config", DEFAULT_PASS_CONFIG),
+        options.pop("disabled_pass", None),
     )
     module_equality = _checked_equality(options.pop("module_equality", "structural"))
     if options:
@@ -109,6 +109,10 @@ def extract(
 def key(task: ms.ExtractedTask) -> str:
     """MetaSchedule tunes the TIR module: equal modules are one task, across models too."""
     return f"{int(tvm.ir.structural_hash(task.dispatched[0])) & (2**64 - 1):016x}"
+
+
+def _settings(opt_level: int, pass_config: Mapping[str, Any], disabled_pass: Any) -> PassSettings:
+    return PassSettings(opt_level, dict(pass_config), frozenset(disabled_pass or ()))
 
 
 def _checked_equality(module_equality: str) -> str:
