@@ -242,20 +242,20 @@ def merge(tasks: Sequence[TunerTask]) -> autotvm.task.Task:
 def tune(
     tasks: Sequence[TunerTask], target: Target, trials: int, work_dir: Path, runner: Runner
 ) -> None:
-    """XGBTuner per task, until the log holds ``trials`` valid measurements in all: each task
-    gets ``trials // n`` and the first ``trials % n`` one more, capped by its config space (a
-    failed measurement does not count, so a rerun retries it)."""
+    """XGBTuner per task, until the log holds ``trials`` valid measurements in all (see
+    :func:`allotments`; a failed measurement does not count, so a rerun retries it)."""
     log = work_dir / "autotvm.log"
     history = list(autotvm.record.load_from_file(str(log))) if log.exists() else []
     valid: dict[str, int] = {}
     for m in measurements(tasks, work_dir):
         valid[m.key] = valid.get(m.key, 0) + m.valid
-    shares = [trials // len(tasks) + (i < trials % len(tasks)) for i in range(len(tasks))]
+    natives = [autotvm.task.create(t.native.name, t.native.args, target=target) for t in tasks]
+    plan = allotments(
+        trials, [valid.get(t.key, 0) for t in tasks], [len(n.config_space) for n in natives]
+    )
     with _measure_option(runner) as measure:
-        for row, share in zip(tasks, shares, strict=True):
-            task = autotvm.task.create(row.native.name, row.native.args, target=target)
-            remaining = min(share, len(task.config_space)) - valid.get(row.key, 0)
-            if remaining <= 0:
+        for task, remaining in zip(natives, plan, strict=True):
+            if remaining == 0:
                 continue
             tuner = autotvm.tuner.XGBTuner(task, loss_type="reg")
             if history:
@@ -266,6 +266,22 @@ def tune(
                 measure_option=measure,
                 callbacks=[autotvm.callback.log_to_file(str(log))],
             )
+
+
+def allotments(trials: int, valid: Sequence[int], spaces: Sequence[int]) -> list[int]:
+    """Trials each task still gets: task i's share is ``trials // n``, one more for the first
+    ``trials % n``, capped by its config space, less what it already holds; in all never more
+    than ``trials`` less every valid measurement, so a task that ran past its share (a budget
+    interrupted earlier) leaves the later tasks less rather than overshooting ``trials``."""
+    n = len(valid)
+    left = max(0, trials - sum(valid))
+    plan = []
+    for i, (have, space) in enumerate(zip(valid, spaces, strict=True)):
+        share = trials // n + (i < trials % n)
+        take = min(left, max(0, min(share, space) - have))
+        plan.append(take)
+        left -= take
+    return plan
 
 
 @contextmanager

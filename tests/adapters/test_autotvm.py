@@ -106,3 +106,22 @@ def test_a_template_carries_the_weight_of_the_function_that_first_needs_it() -> 
     mod, params = load("repeated_blocks")
     (task,) = get_adapter("autotvm").extract(mod, X86, params)
     assert (task.name, task.weight, task.anchor_op) == ("conv2d_NCHWc.x86", 2, "nn.conv2d")
+
+
+@pytest.mark.parametrize(
+    ("trials", "valid", "spaces", "plan"),
+    [
+        (7, [0, 0, 0], [100, 100, 100], [3, 2, 2]),  # even shares, the first ones one more
+        (4, [1, 0], [100, 100], [1, 2]),  # only valid measurements count: the rest is retried
+        (4, [2, 3], [100, 100], [0, 0]),  # the budget is met
+        (10, [0, 0], [2, 100], [2, 5]),  # a small config space caps its task's share
+        # An interrupted budget of 500 left the first task 4; asked for 6 in all, the second
+        # task gets the 2 missing, not its share of 3.
+        (6, [4, 0], [100, 100], [0, 2]),
+        (4, [0, 3], [100, 100], [1, 0]),
+    ],
+)
+def test_allotments_spend_only_the_missing_trials(trials, valid, spaces, plan) -> None:
+    from relay_tasks.adapters.autotvm import allotments
+
+    assert allotments(trials, valid, spaces) == plan
