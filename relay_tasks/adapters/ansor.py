@@ -32,7 +32,6 @@ from ..errors import (
     TargetError,
     UsageError,
     describe_failure,
-    describe_text,
 )
 from ..extract import (
     Task,
@@ -230,10 +229,10 @@ def measurements(tasks: Sequence[TunerTask], work_dir: Path) -> list[Measurement
         if res.error_no == 0 and costs:
             result.append(Measurement(task_key, sum(costs) / len(costs)))
         else:
+            # Ansor's records keep the error code, never its message: the worker's output has it.
             codes = vars(auto_scheduler.measure.MeasureErrorNo).items()
-            name = next((k for k, v in codes if v == int(res.error_no)), "ERROR")
-            cause = describe_text(str(res.error_msg))
-            result.append(Measurement(task_key, None, f"{name}: {cause}"[:300] if cause else name))
+            name = next(k for k, v in codes if v == int(res.error_no))
+            result.append(Measurement(task_key, None, f"{name}: see tune.log"))
     return result
 
 

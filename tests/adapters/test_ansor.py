@@ -154,3 +154,31 @@ def test_a_shape_that_reads_a_tensor_is_one_extraction_error() -> None:
         "upstream's extraction fails here too: give the model static input shapes$",
     ):
         extract_tasks(mod, X86, params, include_simple_tasks=True)
+
+
+def test_measurements_are_read_from_ansors_own_records(tmp_path) -> None:
+    """Records written by Ansor's own writer: a valid one is its mean cost; a failure is named by
+    its error code (Ansor's records keep no message); costs of a failure never count."""
+    from tvm.auto_scheduler.measure import MeasureErrorNo, MeasureInput, MeasureResult
+
+    from relay_tasks.adapters.ansor import measurements
+
+    mod, params = load("dense_softmax")
+    rows = get_adapter("ansor").extract(mod, X86, params)
+    assert measurements(rows, tmp_path) == []  # nothing tuned yet: no log
+    first, second = rows[0].native, rows[1].native
+    records = [
+        (first, MeasureResult([1e-3, 4e-3], MeasureErrorNo.NO_ERROR, "", 0.5, 0)),
+        (first, MeasureResult([1e-3], MeasureErrorNo.RUNTIME_DEVICE, "device lost\nmore", 0.5, 0)),
+        (first, MeasureResult([], MeasureErrorNo.NO_ERROR, "", 0.5, 0)),  # nothing ran
+        (second, MeasureResult([2e-3], MeasureErrorNo.NO_ERROR, "", 0.5, 0)),
+    ]
+    inputs = [MeasureInput(t, t.compute_dag.get_init_state()) for t, _ in records]
+    auto_scheduler.save_records(str(tmp_path / "ansor.json"), inputs, [r for _, r in records])
+    got = [(m.key, m.seconds, m.error) for m in measurements(rows, tmp_path)]
+    assert got == [
+        (rows[0].key, pytest.approx(2.5e-3), ""),
+        (rows[0].key, None, "RUNTIME_DEVICE: see tune.log"),
+        (rows[0].key, None, "NO_ERROR: see tune.log"),
+        (rows[1].key, pytest.approx(2e-3), ""),
+    ]

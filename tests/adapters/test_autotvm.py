@@ -125,3 +125,35 @@ def test_allotments_spend_only_the_missing_trials(trials, valid, spaces, plan) -
     from relay_tasks.adapters.autotvm import allotments
 
     assert allotments(trials, valid, spaces) == plan
+
+
+def test_measurements_are_read_from_autotvms_own_log(tmp_path) -> None:
+    """Records written by AutoTVM's encoder: a valid one is its mean cost, a failure names its
+    error (AutoTVM keeps no cause in the log), a record of another task keeps that task's key."""
+    from tvm.autotvm.measure import MeasureErrorNo, MeasureInput, MeasureResult
+
+    from relay_tasks.adapters.autotvm import key, measurements
+
+    mod, params = load("dense_softmax")
+    rows = get_adapter("autotvm").extract(mod, X86, params)
+    assert measurements(rows, tmp_path) == []  # nothing tuned yet: no log
+    first, second = (
+        autotvm.task.create(r.native.name, r.native.args, target=X86) for r in rows[:2]
+    )
+    records = [
+        (first, MeasureResult((1e-3, 4e-3), MeasureErrorNo.NO_ERROR, 0.5, 0.0)),
+        (first, MeasureResult((RuntimeError("x"),), MeasureErrorNo.RUNTIME_DEVICE, 0.5, 0.0)),
+        (second, MeasureResult((2e-3,), MeasureErrorNo.NO_ERROR, 0.5, 0.0)),
+    ]
+    lines = [
+        autotvm.record.encode(MeasureInput(t.target, t, t.config_space.get(0)), r)
+        for t, r in records
+    ]
+    (tmp_path / "autotvm.log").write_text("\n".join(lines) + "\n")
+    got = measurements(rows, tmp_path)
+    assert [(m.key, m.seconds, m.error) for m in got] == [
+        (rows[0].key, pytest.approx(2.5e-3), ""),
+        (rows[0].key, None, "RUNTIME_DEVICE: see tune.log"),
+        (rows[1].key, pytest.approx(2e-3), ""),
+    ]
+    assert rows[0].key == key(first) != rows[1].key

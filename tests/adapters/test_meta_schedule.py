@@ -213,3 +213,54 @@ def test_a_deferred_constant_inside_a_task_fails_loudly() -> None:
     refuse_placeholders(mod, {})  # nothing deferred: nothing to refuse
     with pytest.raises(ExtractionError, match="deferred and never computed"):
         refuse_placeholders(mod, {placeholder.handle.value: placeholder})
+
+
+def test_measurements_are_read_from_metaschedules_own_database(tmp_path) -> None:
+    """A database written through MetaSchedule's own API, in commit order: a valid record is its
+    mean run time; a failure (no run time, or MetaSchedule's 1e10 s mark) takes the next cause
+    from the error log, then "unknown error"; the key is the workload's structural hash."""
+    from relay_tasks.adapters.meta_schedule import ERRORS_FILE, measurements
+
+    mod, params = load("dense_softmax")
+    rows = get_adapter("meta_schedule").extract(mod, X86, params)
+    assert measurements(rows, tmp_path) == []  # nothing tuned yet: no database
+    database = ms.database.JSONDatabase(work_dir=str(tmp_path))
+    target = tvm.target.Target(X86)
+    for row, run_secs in [(0, [1e-3, 4e-3]), (1, None), (0, [1e10]), (1, [2e-3]), (0, [1e10])]:
+        prim = rows[row].native.dispatched[0]
+        workload = database.commit_workload(prim)
+        trace = tvm.tir.Schedule(prim).trace
+        times = None if run_secs is None else [tvm.tir.FloatImm("float32", s) for s in run_secs]
+        database.commit_tuning_record(ms.database.TuningRecord(trace, workload, times, target))
+    (tmp_path / ERRORS_FILE).write_text('{"task": 1, "error": "no build"}\n\n'
+                                        '{"task": 0, "error": "run failed"}\n')  # fmt: skip
+    got = [(m.key, m.seconds, m.error) for m in measurements(rows, tmp_path)]
+    assert got == [
+        (rows[0].key, pytest.approx(2.5e-3), ""),
+        (rows[1].key, None, "no build"),
+        (rows[0].key, None, "run failed"),
+        (rows[1].key, pytest.approx(2e-3), ""),
+        (rows[0].key, None, "unknown error"),
+    ]
+    assert (
+        rows[0].key == f"{tvm.ir.structural_hash(rows[0].native.dispatched[0]) & (2**64 - 1):016x}"
+    )
+
+
+@pytest.mark.parametrize(
+    ("report", "cause"),
+    [
+        (
+            "Traceback:\n  File x\nRuntimeError: out of memory\n  cmd: gcc -o x",
+            "RuntimeError: out of memory",
+        ),
+        ("first error\nsecond ERROR here\nlast", "second ERROR here"),
+        ("no such word\n  timed out  \n", "timed out"),
+        ("", ""),
+        ("error " + "x" * 400, ("error " + "x" * 400)[:300]),
+    ],
+)
+def test_the_cause_is_the_last_line_naming_an_error(report: str, cause: str) -> None:
+    from relay_tasks.adapters.meta_schedule import _cause
+
+    assert _cause(report) == cause
