@@ -451,3 +451,193 @@ def test_each_verb_parses_to_its_documented_defaults() -> None:
         with pytest.raises(SystemExit) as caught:
             parse(bad)
         assert caught.value.code == EXIT_USAGE, bad
+
+
+def _task_file(tiny_model, path: Path, tuner: str) -> Path:
+    text, params = tiny_model
+    argv = ["extract", str(text), "--params", str(params), "--target", X86, "--tuner", tuner,
+            "--format", "json", "-o", str(path)]  # fmt: skip
+    assert main(argv) == 0
+    return path
+
+
+@pytest.fixture()
+def tune_calls(monkeypatch) -> list[tuple]:
+    """``relay_tasks.tuning.tune`` replaced: the verb's arguments are recorded, nothing tunes
+    (tests/tuning tunes for real)."""
+    import relay_tasks.tuning as tuning
+
+    calls: list[tuple] = []
+
+    def record(tasks, target, **options):
+        calls.append((tasks, target, options))
+        return tuning.standing(tasks, [])
+
+    monkeypatch.setattr(tuning, "tune", record)
+    return calls
+
+
+def test_tune_hands_the_models_tasks_and_every_option_to_the_tuner(
+    tiny_model, tune_calls, tmp_path, capsys
+) -> None:
+    from relay_tasks import extract
+    from relay_tasks.adapters import get_adapter
+    from relay_tasks.tuning import standing
+    from relay_tasks.tuning.status import format_status, task_flops
+
+    text, params = tiny_model
+    work = str(tmp_path / "w")
+    argv = ["tune", str(text), "--params", str(params), "--target", X86, "--tuner", "autotvm",
+            "--trials", "7", "--work-dir", work, "--rpc-tracker", "h:9190", "--rpc-key", "k",
+            "--timeout", "3.5"]  # fmt: skip
+    assert main(argv) == 0
+    ((tasks, target, options),) = tune_calls
+    mod, weights = load_model(text, params=params)
+    expected = extract(mod, X86, weights, tuner="autotvm")
+    assert [(t.name, t.key) for t in tasks] == [(t.name, t.key) for t in expected]
+    assert str(target) == str(tvm.target.Target(X86))
+    assert options == {"tuner": "autotvm", "trials": 7, "work_dir": work,
+                       "rpc_tracker": "h:9190", "rpc_key": "k", "timeout": 3.5}  # fmt: skip
+    flops = task_flops(get_adapter("autotvm"), tasks)
+    assert capsys.readouterr().out == format_status(standing(tasks, []), flops) + "\n"
+
+
+def test_tune_takes_a_task_file_for_its_own_tuner_and_target(
+    tiny_model, tune_calls, tmp_path, capsys
+) -> None:
+    from relay_tasks.export import load_tasks
+
+    tasks_json = _task_file(tiny_model, tmp_path / "tasks.json", "ansor")
+    work = str(tmp_path / "w")
+    assert main(["tune", str(tasks_json), "--tuner", "ansor", "--work-dir", work]) == 0
+    ((tasks, target, options),) = tune_calls
+    assert [t.key for t in tasks] == [t.key for t in load_tasks(tasks_json).tasks]
+    assert str(target) == str(tvm.target.Target(X86))
+    assert (options["tuner"], options["trials"], options["timeout"]) == ("ansor", 64, 20.0)
+    capsys.readouterr()
+    refusals = {
+        (): f"{tasks_json} holds ansor tasks for {tvm.target.Target(X86)}; drop --target and "
+        "use --tuner ansor",
+        ("--tuner", "ansor", "--target", X86): None,
+        (str(tiny_model[0]), "--tuner", "ansor"): "give either one task file or model files, "
+        "not both",
+    }
+    for extra, message in refusals.items():
+        argv = ["tune", str(tasks_json), *extra, "--work-dir", work]
+        assert main(argv) == EXIT_USAGE
+        err = capsys.readouterr().err
+        assert err == f"relay-tasks: error: {message or refusals[()]}\n"
+    assert len(tune_calls) == 1
+
+
+def test_status_reads_the_work_dirs_task_file_or_the_models_tasks(
+    tiny_model, tmp_path, monkeypatch, capsys
+) -> None:
+    """Before any measurement: every task at zero, from the task file a tune leaves, or from
+    the model (extracted for the work dir's tuner and target); --plot draws the same standing."""
+    import relay_tasks.tuning.status as status_module
+    from relay_tasks.adapters import get_adapter
+    from relay_tasks.export import load_tasks
+    from relay_tasks.tuning import standing
+    from relay_tasks.tuning.status import format_status, task_flops
+
+    work = tmp_path / "w"
+    work.mkdir()
+    tasks = load_tasks(_task_file(tiny_model, work / "tasks.json", "autotvm")).tasks
+    capsys.readouterr()
+    expected = format_status(standing(tasks, []), task_flops(get_adapter("autotvm"), tasks))
+    assert main(["status", "--work-dir", str(work)]) == 0
+    assert capsys.readouterr().out == expected + "\n"
+    text, params = tiny_model
+    assert main(["status", str(text), "--params", str(params), "--work-dir", str(work)]) == 0
+    assert capsys.readouterr().out == expected + "\n"
+    drawn: list[tuple] = []
+    monkeypatch.setattr(status_module, "plot", lambda *args: drawn.append(args))
+    assert main(["status", "--work-dir", str(work), "--plot", "p.png"]) == 0
+    ((path, now, records),) = drawn
+    assert (path, records) == ("p.png", [])
+    assert [(r.task.key, r.valid, r.best) for r in now.tasks] == [(t.key, 0, None) for t in tasks]
+    assert main(["status", "--work-dir", str(tmp_path)]) == EXIT_USAGE
+    assert "is not a relay-tasks work dir" in capsys.readouterr().err
+
+
+def test_compile_builds_with_the_work_dirs_records_and_benchmarks(
+    tiny_model, tmp_path, monkeypatch, capsys
+) -> None:
+    """No record yet: the library is built with default schedules and says so; --benchmark runs
+    it against the untuned build; a tracker is asked for the device only with --benchmark."""
+    import relay_tasks.cli as cli
+
+    work = tmp_path / "w"
+    work.mkdir()
+    _task_file(tiny_model, work / "tasks.json", "meta_schedule")
+    capsys.readouterr()
+    text, params = tiny_model
+    library = tmp_path / "tiny.tar"
+    argv = ["compile", str(text), "--params", str(params), "--work-dir", str(work),
+            "-o", str(library)]  # fmt: skip
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert captured.out == f"{text}: 0/1 tasks tuned, library in {library}\n"
+    assert captured.err == (
+        "relay-tasks: the records cover 0 of the model's 1 tasks; not tuned (built with default "
+        "schedules): fused_nn_dense_add_nn_relu\n"
+    )
+    assert library.stat().st_size > 0
+    assert main([*argv, "--benchmark"]) == 0
+    (_, benchmark) = capsys.readouterr().out.splitlines()
+    assert benchmark.startswith("tuned ") and " ms, untuned " in benchmark
+    assert main([*argv, "--rpc-tracker", "h:9190", "--rpc-key", "k"]) == EXIT_USAGE
+    assert capsys.readouterr().err == (
+        "relay-tasks: error: --rpc-tracker applies to --benchmark only\n"
+    )
+    asked: list[tuple] = []
+
+    def no_device(tracker, key):
+        asked.append((tracker, key))
+        raise cli.UsageError("no device here")
+
+    monkeypatch.setattr(cli, "_remote", no_device)
+    tracked = [*argv, "--benchmark", "--rpc-tracker", "h:9190", "--rpc-key", "k"]
+    assert main(tracked) == EXIT_USAGE
+    assert asked == [(("h", 9190), "k")]
+
+
+def test_serve_registers_at_the_tracker_until_interrupted(monkeypatch, capsys) -> None:
+    import relay_tasks.cli as cli
+    import relay_tasks.rpc as rpc
+
+    started: list[tuple] = []
+
+    class Server:
+        port = 9123
+        stopped = False
+
+        def terminate(self) -> None:
+            Server.stopped = True
+
+    def start_server(tracker, key, *, host, port):
+        started.append((tracker, key, host, port))
+        return Server()
+
+    def interrupted(_seconds: float) -> None:
+        raise KeyboardInterrupt
+
+    handlers: dict[int, object] = {}
+    monkeypatch.setattr(rpc, "start_server", start_server)
+    monkeypatch.setattr(cli.time, "sleep", interrupted)
+    monkeypatch.setattr(
+        cli.signal, "signal", lambda number, handler: handlers.update({number: handler})
+    )
+    assert main(["serve", "--tracker", "h:9190", "--key", "k", "--port", "9500"]) == 130
+    assert started == [(("h", 9190), "k", "127.0.0.1", 9500)]
+    assert Server.stopped
+    assert capsys.readouterr().err == (
+        "serving as 'k' at 127.0.0.1:9123 for tracker h:9190 (Ctrl-C stops)\n"
+        "relay-tasks: interrupted\n"
+    )
+    import signal
+
+    with pytest.raises(SystemExit) as caught:
+        handlers[signal.SIGTERM](signal.SIGTERM, None)
+    assert caught.value.code == 128 + signal.SIGTERM
