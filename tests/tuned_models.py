@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import numpy as np
 import tvm
@@ -60,3 +61,45 @@ def write_tiny(folder: Path) -> tuple[Path, Path]:
         relay.save_param_dict({"w": rng.standard_normal((16, 32)).astype("float32")})
     )
     return text, params
+
+
+class InProcess(NamedTuple):
+    records: list[tuple[str, float | None]]
+    library: Any
+
+
+def tune_in_process(tuner: str, folder: Path, trials: int) -> InProcess:
+    """The adapter's own ``tune``, in passes as the tuning worker runs it, on the tiny model's
+    tasks in this process (the CLI tunes in a child, where a mutation tool's changes do not
+    reach): the raw records it left, and the model built by the adapter with them."""
+    import relay_tasks
+    from relay_tasks.adapters import get_adapter
+    from relay_tasks.adapters.base import Runner
+    from relay_tasks.loaders import load_model
+    from relay_tasks.tuning.worker import tune_until
+
+    text, weights = write_tiny(folder)
+    mod, params = load_model(text, params=weights)
+    target = relay_tasks.host_target()
+    adapter = get_adapter(tuner)
+    tasks = adapter.extract(mod, target, params)
+    work = folder / "work"
+    work.mkdir()
+    tune_until(adapter, tasks, target, trials, work, Runner())
+    return InProcess(raw_measurements(work, tuner), adapter.build(mod, target, params, work))
+
+
+def run_tiny(library: Any, data: np.ndarray) -> np.ndarray:
+    """The tiny model's output for ``data``, run from a built library on this CPU."""
+    from tvm.contrib import graph_executor
+
+    graph = graph_executor.GraphModule(library["default"](tvm.cpu(0)))
+    graph.set_input("data", data)
+    graph.run()
+    return graph.get_output(0).numpy()
+
+
+def tiny_reference(data: np.ndarray) -> np.ndarray:
+    """The tiny model in numpy, with the weights :func:`write_tiny` draws."""
+    weight = np.random.default_rng(0).standard_normal((16, 32)).astype("float32")
+    return np.maximum(data @ weight.T, 0)

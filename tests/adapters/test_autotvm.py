@@ -157,3 +157,18 @@ def test_measurements_are_read_from_autotvms_own_log(tmp_path) -> None:
         (rows[1].key, pytest.approx(2e-3), ""),
     ]
     assert rows[0].key == key(first) != rows[1].key
+
+
+@pytest.mark.xdist_group("tuning")
+def test_tune_spends_the_budget_on_valid_measurements_and_builds_with_them(tmp_path) -> None:
+    import numpy as np
+
+    from tuned_models import run_tiny, tiny_reference, tune_in_process
+
+    tuned = tune_in_process("autotvm", tmp_path, 3)
+    valid = [s for _, s in tuned.records if s is not None]
+    assert len(valid) == 3 and all(0 < s < 1 for s in valid)
+    data = np.random.default_rng(1).standard_normal((1, 32)).astype("float32")
+    np.testing.assert_allclose(
+        run_tiny(tuned.library, data), tiny_reference(data), rtol=1e-4, atol=1e-5
+    )
