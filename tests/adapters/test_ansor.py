@@ -197,3 +197,36 @@ def test_tune_spends_the_budget_on_valid_measurements_and_builds_with_them(tmp_p
     np.testing.assert_allclose(
         run_tiny(tuned.library, data), tiny_reference(data), rtol=1e-4, atol=1e-5
     )
+
+
+def test_every_option_reaches_the_search_tasks_as_upstreams_do(tmp_path) -> None:
+    """target_host, hardware_params, include_simple_tasks, opt_level and the workload dump, on
+    both entry points, against upstream given the same; opt_level 2 changes this model's tasks
+    (no FoldScaleAxis), so a dropped opt_level shows."""
+    import json
+
+    hardware = auto_scheduler.HardwareParams(
+        num_cores=3, vector_unit_bytes=32, cache_line_bytes=128, max_shared_memory_per_block=1,
+        max_local_memory_per_block=2, max_threads_per_block=4, max_vthread_extent=5, warp_size=6,
+    )  # fmt: skip
+    options = {"target_host": "llvm -mtriple=x86_64-linux-gnu", "hardware_params": hardware,
+               "include_simple_tasks": True, "opt_level": 2}  # fmt: skip
+    mod, params = load("conv_bias_bn_relu")
+
+    def described(tasks, weights) -> list[tuple]:
+        return [(t.workload_key, t.desc, str(t.target), str(t.target_host), t.hardware_params.num_cores,
+                 t.hardware_params.warp_size, int(t.layout_rewrite_option), int(w))
+                for t, w in zip(tasks, weights, strict=True)]  # fmt: skip
+
+    ours_dump, upstream_dump = tmp_path / "ours.json", tmp_path / "upstream.json"
+    ours = extract_tasks(mod, X86, params, dump_workload_to_dag_log=str(ours_dump), **options)
+    upstream = auto_scheduler.extract_tasks(
+        oracles.copy_module(mod), params, X86, dump_workload_to_dag_log=str(upstream_dump),
+        **options,
+    )  # fmt: skip
+    assert described(*ours) == described(*upstream)
+    assert json.loads(ours_dump.read_text()) == json.loads(upstream_dump.read_text())
+    rows = get_adapter("ansor").extract(mod, X86, params, **options)
+    assert described([r.native for r in rows], [r.weight for r in rows]) == described(*upstream)
+    default = extract_tasks(mod, X86, params, include_simple_tasks=True)
+    assert {t.workload_key for t in default[0]} != {t.workload_key for t in upstream[0]}

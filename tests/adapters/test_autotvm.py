@@ -172,3 +172,53 @@ def test_tune_spends_the_budget_on_valid_measurements_and_builds_with_them(tmp_p
     np.testing.assert_allclose(
         run_tiny(tuned.library, data), tiny_reference(data), rtol=1e-4, atol=1e-5
     )
+
+
+def test_flops_are_computed_for_a_task_whose_config_space_is_not_built() -> None:
+    """A task read back from a record has no FLOP count until its config space is built."""
+    from relay_tasks.adapters.autotvm import flops
+
+    args = (("TENSOR", (4, 256), "float32"), ("TENSOR", (128, 256), "float32"), None, "float32")
+    built = autotvm.task.create("dense_nopack.x86", args, target=X86)
+    bare = autotvm.task.Task("dense_nopack.x86", args)
+    bare.target = built.target
+    assert bare.flop is None
+    assert flops(bare) == flops(built) == built.flop >= 2 * 4 * 128 * 256
+
+
+@pytest.mark.parametrize(
+    ("args", "shape"),
+    [
+        ((("TENSOR", (4, 16), "float32"), ("TENSOR", (8, 16), "float32"), None, "float32"), None),
+        ((("TENSOR", (4, 16), "float32"), ("TENSOR", (tvm.tir.Any(), 16), "float32")), "(?, 16)"),
+        ((("TENSOR", (tvm.tir.Var("n", "int64"), 2), "int8"), (3, 4), "NCHW"), "(?, 2)"),
+        (((1, tvm.tir.Any()), ("TENSOR", (2, 2), "float32")), None),  # only tensors' shapes count
+    ],
+)
+def test_the_first_dynamic_tensor_shape_in_a_templates_arguments(args, shape) -> None:
+    from relay_tasks.adapters.autotvm import _dynamic_tensor_shape
+
+    assert _dynamic_tensor_shape(args) == shape
+
+
+def test_several_models_equal_upstreams_multiple_program_extraction() -> None:
+    """Two models, a template shared between them found once, in upstream's order; the ops
+    filter reaches every model."""
+    from relay_tasks.adapters.autotvm import extract_tasks_from_models
+
+    names = ["dense_softmax", "conv_bias_bn_relu", "dense_softmax"]
+    models = [load(name) for name in names]
+    upstream = autotvm.task.extract_from_multiple_program(
+        [load(name)[0]["main"] for name in names], [p for _, p in models], X86
+    )
+    ours = extract_tasks_from_models([m for m, _ in models], [p for _, p in models], X86)
+    assert [(t.name, t.args) for t in ours] == [(t.name, t.args) for t in upstream]
+    first_two = extract_tasks_from_models(
+        [m for m, _ in models[:2]], [p for _, p in models[:2]], X86
+    )
+    assert [(t.name, t.args) for t in first_two] == [
+        (t.name, t.args) for t in ours
+    ]  # the repeat adds none
+    conv = [relay.op.get("nn.conv2d")]
+    only = extract_tasks_from_models([m for m, _ in models], [p for _, p in models], X86, ops=conv)
+    assert [t.name for t in only] == [t.name for t in ours if "conv2d" in t.name]
