@@ -641,3 +641,29 @@ def test_serve_registers_at_the_tracker_until_interrupted(monkeypatch, capsys) -
     with pytest.raises(SystemExit) as caught:
         handlers[signal.SIGTERM](signal.SIGTERM, None)
     assert caught.value.code == 128 + signal.SIGTERM
+
+
+def test_the_readme_documents_every_option_and_uses_only_real_ones() -> None:
+    """Every verb and option the parser has is in the README (by one of its spellings), and
+    every command line the README shows parses (so an option renamed on one side shows here)."""
+    import argparse
+    import re
+    import shlex
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    parser = build_parser()
+    (verbs,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    written = set(re.findall(r"(?<![\w-])(--?[a-z][a-z-]*)", readme))
+    for verb, sub in verbs.choices.items():
+        assert f"relay-tasks {verb}" in readme, verb
+        options = [
+            a.option_strings for a in sub._actions if a.option_strings[:1] not in ([], ["-h"])
+        ]
+        missing = [o for o in options if not set(o) & written]
+        assert missing == [], (verb, missing)
+    commands = re.findall(r"^\./dev relay-tasks ((?:[^\n]*\\\n)*[^\n]*)", readme, re.MULTILINE)
+    assert len(commands) >= 15
+    for command in commands:
+        argv = shlex.split(command.replace("\\\n", " "), comments=True)
+        parsed = parser.parse_args(argv)  # an unknown option or choice exits
+        assert parsed.verb == argv[0]
