@@ -260,20 +260,23 @@ ADAPTER = Adapter(NAME, extract, encode, decode, key, merge, tune, measurements,
 def default_hardware_params(target: Target) -> Any:
     """Hardware parameters for targets this machine cannot be asked about (CUDA without a GPU).
 
-    Upstream's ``SearchTask`` queries the CUDA runtime for them, which this TVM build does not
-    have; they shape the search, not which tasks exist, so typical values do for extraction.
+    Upstream's ``SearchTask`` asks the CUDA runtime for the shared memory, threads per block and
+    warp size, which this TVM build cannot; they shape the search, not which tasks exist. Here
+    they come from the target (``-max_shared_memory_per_block``, ``-max_num_threads``,
+    ``-thread_warp_size``; 48 KiB shared memory unless given), the rest by upstream's rule.
     """
     if target.kind.name != "cuda":
         return None
+    warp_size = int(target.attrs.get("thread_warp_size", 32))
     return auto_scheduler.HardwareParams(
         num_cores=-1,
         vector_unit_bytes=16,
         cache_line_bytes=64,
-        max_shared_memory_per_block=49152,
-        max_local_memory_per_block=2147483647,
+        max_shared_memory_per_block=int(target.attrs.get("max_shared_memory_per_block", 49152)),
+        max_local_memory_per_block=2**31 - 1,  # CUDA sets no limit: upstream disables the check
         max_threads_per_block=int(target.attrs.get("max_num_threads", 1024)),
-        max_vthread_extent=8,
-        warp_size=int(target.attrs.get("thread_warp_size", 32)),
+        max_vthread_extent=warp_size // 4,
+        warp_size=warp_size,
     )
 
 

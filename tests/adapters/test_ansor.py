@@ -230,3 +230,33 @@ def test_every_option_reaches_the_search_tasks_as_upstreams_do(tmp_path) -> None
     assert described([r.native for r in rows], [r.weight for r in rows]) == described(*upstream)
     default = extract_tasks(mod, X86, params, include_simple_tasks=True)
     assert {t.workload_key for t in default[0]} != {t.workload_key for t in upstream[0]}
+
+
+def test_cuda_without_a_gpu_needs_hardware_params_which_the_registry_takes_from_the_target():
+    """Upstream asks the CUDA runtime, which this machine lacks: the function API names the
+    argument to pass; the registry (CLI, task files) reads what the target says, and the tasks
+    equal upstream's given the same parameters."""
+    from relay_tasks import TargetError
+    from relay_tasks.adapters.ansor import default_hardware_params
+
+    mod, params = load("dense_softmax")
+    with pytest.raises(TargetError, match=r"hardware_params=auto_scheduler\.HardwareParams"):
+        extract_tasks(mod, CUDA, params)
+    target = tvm.target.Target(
+        "cuda -arch=sm_80 -max_shared_memory_per_block=65536 -max_num_threads=512 "
+        "-thread_warp_size=16"
+    )
+    rows = get_adapter("ansor").extract(mod, target, params)
+    hardware = rows[0].native.hardware_params
+    assert (hardware.max_shared_memory_per_block, hardware.max_threads_per_block) == (65536, 512)
+    assert (hardware.warp_size, hardware.max_vthread_extent) == (16, 4)  # a quarter warp
+    assert default_hardware_params(tvm.target.Target(X86)) is None  # the CPU is asked
+    plain = default_hardware_params(tvm.target.Target(CUDA))
+    expected = oracles.hardware_params(CUDA)
+    fields = ("num_cores", "vector_unit_bytes", "cache_line_bytes", "max_shared_memory_per_block",
+              "max_local_memory_per_block", "max_threads_per_block", "max_vthread_extent",
+              "warp_size")  # fmt: skip
+    assert [getattr(plain, f) for f in fields] == [getattr(expected, f) for f in fields]
+    upstream = oracles.ansor_tasks("dense_softmax", CUDA)
+    ours = get_adapter("ansor").extract(mod, CUDA, params)
+    assert [(r.native.workload_key, r.weight) for r in ours] == [(k, w) for k, _, w in upstream]
