@@ -667,3 +667,51 @@ def test_the_readme_documents_every_option_and_uses_only_real_ones() -> None:
         argv = shlex.split(command.replace("\\\n", " "), comments=True)
         parsed = parser.parse_args(argv)  # an unknown option or choice exits
         assert parsed.verb == argv[0]
+
+
+def test_an_unexpected_failure_is_one_line_asking_for_a_report(monkeypatch, capsys) -> None:
+    import relay_tasks.cli as cli
+
+    def broken(_args):
+        raise RuntimeError("first line\nthe last line says what")
+
+    monkeypatch.setattr(cli, "_extract", broken)
+    assert main(["extract"]) == cli.EXIT_INTERNAL == 70
+    assert capsys.readouterr().err == (
+        "relay-tasks: internal error: RuntimeError: the last line says what (please report this "
+        "with the command you ran)\n"
+    )
+
+
+def test_warnings_are_one_line_each_ours_plain_others_by_category(monkeypatch, capsys) -> None:
+    import warnings
+
+    import relay_tasks.cli as cli
+    from relay_tasks.errors import SkippedTaskWarning
+
+    def warns(_args):
+        warnings.warn("f has a dynamic shape", SkippedTaskWarning, stacklevel=1)
+        warnings.warn("odd input", RuntimeWarning, stacklevel=1)
+        return 0
+
+    monkeypatch.setattr(cli, "_extract", warns)
+    assert main(["extract"]) == 0
+    assert capsys.readouterr().err == (
+        "relay-tasks: warning: f has a dynamic shape\nrelay-tasks: RuntimeWarning: odd input\n"
+    )
+
+
+def test_several_models_get_a_models_column_and_params_go_with_one_model(
+    tiny_model, capsys
+) -> None:
+    text, params = tiny_model
+    assert main(["extract", str(text), "resnet-18", "--target", X86, "--tuner", "autotvm"]) == 0
+    header, *rows = capsys.readouterr().out.splitlines()
+    assert header.split()[-2:] == ["op", "models"]
+    used_by = [row.split()[-1] for row in rows]  # no task is shared: one model each
+    assert used_by[0] == str(text) and set(used_by[1:]) == {"resnet-18"} and len(rows) > 2
+    both = ["extract", str(text), str(text), "--params", str(params), "--target", X86]
+    assert main(both) == EXIT_USAGE
+    assert capsys.readouterr().err == (
+        "relay-tasks: error: --params names the weights of one Relay model; give one model with it\n"
+    )
