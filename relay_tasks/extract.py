@@ -8,6 +8,8 @@ built.
 
 from __future__ import annotations
 
+import os
+import sys
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -215,9 +217,19 @@ def warn_skipped_dynamic(task: Task, tuner: str) -> bool:
         f"{display_name(task)} has the dynamic shape {shape}: {tuner} cannot tune it and it "
         "is left out, as upstream leaves it out; give the model static input shapes to tune it",
         SkippedTaskWarning,
-        stacklevel=3,
+        stacklevel=_caller_level(),
     )
     return True
+
+
+def _caller_level() -> int:
+    """The ``stacklevel`` of the first frame outside relay-tasks, counted from the caller of
+    this function: a warning points at the user's line, whichever path led to it."""
+    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _lower_groups(

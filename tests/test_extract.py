@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 import tvm
@@ -319,6 +321,19 @@ def test_a_dynamic_task_is_left_out_with_one_warning_naming_it() -> None:
     )
     static, _ = load("dense_softmax")
     assert warn_skipped_dynamic(extract_tasks(static, X86)[0], "Ansor") is False
+
+
+@pytest.mark.parametrize("tuner", ["meta_schedule", "ansor"])
+def test_the_warning_points_at_the_callers_line(tuner: str) -> None:
+    from relay_tasks import SkippedTaskWarning, extract
+
+    x = relay.var("x", shape=(relay.Any(), 16))
+    mod = tvm.IRModule.from_expr(relay.Function([x], relay.nn.relu(x)))
+    options = {"include_simple_tasks": True} if tuner == "ansor" else {}
+    with pytest.warns(SkippedTaskWarning) as warned:
+        line = sys._getframe().f_lineno + 1
+        extract(mod, X86, tuner=tuner, **options)
+    assert [(w.filename, w.lineno) for w in warned] == [(__file__, line)]
 
 
 def test_a_tasks_key_is_its_functions_structural_hash_in_hex() -> None:
