@@ -201,24 +201,58 @@ def test_the_first_dynamic_tensor_shape_in_a_templates_arguments(args, shape) ->
     assert _dynamic_tensor_shape(args) == shape
 
 
+def _three_parallel_dense() -> tuple[tvm.IRModule, dict]:
+    """Three dense ops on one input: opt_level 4 combines them (CombineParallelDense)."""
+    import numpy as np
+
+    data = relay.var("data", shape=(4, 16))
+    weights = [relay.var(f"w{i}", shape=(16, 16)) for i in range(3)]
+    out = relay.nn.dense(data, weights[0])
+    for w in weights[1:]:
+        out = relay.add(out, relay.nn.dense(data, w))
+    rng = np.random.default_rng(5)
+    params = {w.name_hint: rng.standard_normal((16, 16)).astype("float32") for w in weights}
+    return tvm.IRModule.from_expr(relay.Function([data, *weights], out)), params
+
+
 def test_several_models_equal_upstreams_multiple_program_extraction() -> None:
-    """Two models, a template shared between them found once, in upstream's order; the ops
-    filter reaches every model."""
+    """Models, one repeated, whose tasks depend on the opt_level (3 parallel dense combine at
+    4); a template shared between them is found once, in upstream's order; the ops filter
+    reaches every model."""
     from relay_tasks.adapters.autotvm import extract_tasks_from_models
 
-    names = ["dense_softmax", "conv_bias_bn_relu", "dense_softmax"]
-    models = [load(name) for name in names]
+    models = [load("conv_bias_bn_relu"), _three_parallel_dense(), load("conv_bias_bn_relu")]
+    mods, params = [m for m, _ in models], [p for _, p in models]
     upstream = autotvm.task.extract_from_multiple_program(
-        [load(name)[0]["main"] for name in names], [p for _, p in models], X86
+        [oracles.copy_module(m)["main"] for m in mods], params, X86
     )
-    ours = extract_tasks_from_models([m for m, _ in models], [p for _, p in models], X86)
+    ours = extract_tasks_from_models(mods, params, X86)
     assert [(t.name, t.args) for t in ours] == [(t.name, t.args) for t in upstream]
-    first_two = extract_tasks_from_models(
-        [m for m, _ in models[:2]], [p for _, p in models[:2]], X86
-    )
-    assert [(t.name, t.args) for t in first_two] == [
-        (t.name, t.args) for t in ours
-    ]  # the repeat adds none
-    conv = [relay.op.get("nn.conv2d")]
-    only = extract_tasks_from_models([m for m, _ in models], [p for _, p in models], X86, ops=conv)
-    assert [t.name for t in only] == [t.name for t in ours if "conv2d" in t.name]
+    first_two = extract_tasks_from_models(mods[:2], params[:2], X86)
+    assert [(t.name, t.args) for t in first_two] == [(t.name, t.args) for t in ours]
+    combined = extract_tasks_from_models(mods, params, X86, opt_level=4)
+    assert [(t.name, t.args) for t in combined] != [(t.name, t.args) for t in ours]
+    dense = [relay.op.get("nn.dense")]
+    only = extract_tasks_from_models(mods, params, X86, ops=dense)
+    assert [t.name for t in only] == [t.name for t in ours if "dense" in t.name] != []
+    with pytest.raises(ValueError):
+        extract_tasks_from_models(mods, params[:2], X86)  # a model without its params entry
+
+
+def test_task_payloads_round_trip_and_malformed_ones_are_refused() -> None:
+    from relay_tasks.adapters.autotvm import decode, encode, merge
+
+    mod, params = load("dense_softmax")
+    rows = get_adapter("autotvm").extract(mod, X86, params)
+    target = tvm.target.Target(X86)
+    for row in rows:
+        back = decode(encode(row.native), target)
+        assert (back.name, back.args, str(back.target)) == (
+            row.native.name,
+            row.native.args,
+            str(target),
+        )
+    for bad in ({"template": 1, "args": []}, {"template": "dense_nopack.x86", "args": "x"}):
+        with pytest.raises(TypeError, match="a template name and a list of arguments"):
+            decode(bad, target)
+    assert merge(rows[1:]) is rows[1].native
