@@ -6,6 +6,7 @@ Measurements are read from the raw logs here, not through the adapters under tes
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -68,10 +69,11 @@ class InProcess(NamedTuple):
     library: Any
 
 
-def tune_in_process(tuner: str, folder: Path, trials: int) -> InProcess:
+def tune_in_process(tuner: str, folder: Path, budgets: Sequence[int]) -> InProcess:
     """The adapter's own ``tune``, in passes as the tuning worker runs it, on the tiny model's
     tasks in this process (the CLI tunes in a child, where a mutation tool's changes do not
-    reach): the raw records it left, and the model built by the adapter with them."""
+    reach), to each budget in turn (the later ones resume): the raw records it left, and the
+    model built by the adapter with them."""
     import relay_tasks
     from relay_tasks.adapters import get_adapter
     from relay_tasks.adapters.base import Runner
@@ -85,7 +87,8 @@ def tune_in_process(tuner: str, folder: Path, trials: int) -> InProcess:
     tasks = adapter.extract(mod, target, params)
     work = folder / "work"
     work.mkdir()
-    tune_until(adapter, tasks, target, trials, work, Runner())
+    for trials in budgets:
+        tune_until(adapter, tasks, target, trials, work, Runner())
     return InProcess(raw_measurements(work, tuner), adapter.build(mod, target, params, work))
 
 

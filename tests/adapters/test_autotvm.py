@@ -165,9 +165,14 @@ def test_tune_spends_the_budget_on_valid_measurements_and_builds_with_them(tmp_p
 
     from tuned_models import run_tiny, tiny_reference, tune_in_process
 
-    tuned = tune_in_process("autotvm", tmp_path, 3)
-    valid = [s for _, s in tuned.records if s is not None]
-    assert len(valid) == 3 and all(0 < s < 1 for s in valid)
+    # 3 trials: 2 for the first template, 1 for the second; resumed to 4, only the second
+    # gets one more.
+    tuned = tune_in_process("autotvm", tmp_path, [3, 4])
+    valid = [(task, s) for task, s in tuned.records if s is not None]
+    assert all(0 < s < 1 for _, s in valid)
+    first, second = dict.fromkeys(task for task, _ in tuned.records)
+    assert [task for task, _ in valid].count(first) == 2
+    assert [task for task, _ in valid].count(second) == 2
     data = np.random.default_rng(1).standard_normal((1, 32)).astype("float32")
     np.testing.assert_allclose(
         run_tiny(tuned.library, data), tiny_reference(data), rtol=1e-4, atol=1e-5
