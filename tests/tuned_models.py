@@ -6,7 +6,7 @@ Measurements are read from the raw logs here, not through the adapters under tes
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -66,14 +66,14 @@ def write_tiny(folder: Path) -> tuple[Path, Path]:
 
 class InProcess(NamedTuple):
     records: list[tuple[str, float | None]]
-    library: Any
+    build: Callable[[], Any]
 
 
 def tune_in_process(tuner: str, folder: Path, budgets: Sequence[int]) -> InProcess:
     """The adapter's own ``tune``, in passes as the tuning worker runs it, on the tiny model's
     tasks in this process (the CLI tunes in a child, where a mutation tool's changes do not
-    reach), to each budget in turn (the later ones resume): the raw records it left, and the
-    model built by the adapter with them."""
+    reach), to each budget in turn (the later ones resume): the raw records it left, and how
+    the adapter builds the model with them."""
     import relay_tasks
     from relay_tasks.adapters import get_adapter
     from relay_tasks.adapters.base import Runner
@@ -89,7 +89,9 @@ def tune_in_process(tuner: str, folder: Path, budgets: Sequence[int]) -> InProce
     work.mkdir()
     for trials in budgets:
         tune_until(adapter, tasks, target, trials, work, Runner())
-    return InProcess(raw_measurements(work, tuner), adapter.build(mod, target, params, work))
+    return InProcess(
+        raw_measurements(work, tuner), lambda: adapter.build(mod, target, params, work)
+    )
 
 
 def run_tiny(library: Any, data: np.ndarray) -> np.ndarray:

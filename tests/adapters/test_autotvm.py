@@ -119,12 +119,16 @@ def test_a_template_carries_the_weight_of_the_function_that_first_needs_it() -> 
         # task gets the 2 missing, not its share of 3.
         (6, [4, 0], [100, 100], [0, 2]),
         (4, [0, 3], [100, 100], [1, 0]),
+        (4, [0, 5], [100, 100], [0, 0]),  # past the budget in all: nothing more
+        (5, [0, 0, 3], [100, 100, 100], [2, 0, 0]),  # the first task takes all that is missing
     ],
 )
 def test_allotments_spend_only_the_missing_trials(trials, valid, spaces, plan) -> None:
     from relay_tasks.adapters.autotvm import allotments
 
     assert allotments(trials, valid, spaces) == plan
+    with pytest.raises(ValueError):
+        allotments(trials, valid, spaces[1:])  # a config space per task, or a bug upstream of here
 
 
 def test_measurements_are_read_from_autotvms_own_log(tmp_path) -> None:
@@ -161,7 +165,11 @@ def test_measurements_are_read_from_autotvms_own_log(tmp_path) -> None:
 
 @pytest.mark.xdist_group("tuning")
 def test_tune_spends_the_budget_on_valid_measurements_and_builds_with_them(tmp_path) -> None:
+    """Every template tuned: the build finds a record for each (no default schedule)."""
+    import logging
+
     import numpy as np
+    from tvm.autotvm.task.dispatcher import DispatchContext
 
     from tuned_models import run_tiny, tiny_reference, tune_in_process
 
@@ -174,9 +182,21 @@ def test_tune_spends_the_budget_on_valid_measurements_and_builds_with_them(tmp_p
     assert [task for task, _ in valid].count(first) == 2
     assert [task for task, _ in valid].count(second) == 2
     data = np.random.default_rng(1).standard_normal((1, 32)).astype("float32")
-    np.testing.assert_allclose(
-        run_tiny(tuned.library, data), tiny_reference(data), rtol=1e-4, atol=1e-5
-    )
+    fallbacks: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: fallbacks.append(record.getMessage())  # type: ignore[method-assign]
+    autotvm_logger = logging.getLogger("autotvm")
+    level = autotvm_logger.level
+    autotvm_logger.addHandler(handler)
+    autotvm_logger.setLevel(logging.DEBUG)  # where relay.build reports a default schedule
+    DispatchContext.warning_messages = set()  # reported once per process
+    try:
+        library = tuned.build()
+    finally:
+        autotvm_logger.removeHandler(handler)
+        autotvm_logger.setLevel(level)
+    assert [m for m in fallbacks if "Cannot find tuning records" in m] == []
+    np.testing.assert_allclose(run_tiny(library, data), tiny_reference(data), rtol=1e-4, atol=1e-5)
 
 
 def test_flops_are_computed_for_a_task_whose_config_space_is_not_built() -> None:
