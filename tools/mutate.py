@@ -35,8 +35,18 @@ TARGETS: dict[str, list[str]] = {
         "tests/adapters/test_meta_schedule.py",
         "tests/test_export.py",
     ],
-    "relay_tasks/adapters/autotvm.py": ["tests/adapters/test_autotvm.py", "tests/test_export.py"],
-    "relay_tasks/adapters/ansor.py": ["tests/adapters/test_ansor.py", "tests/test_export.py"],
+    "relay_tasks/adapters/autotvm.py": [
+        "tests/adapters/test_autotvm.py",
+        "tests/test_export.py",
+        "tests/test_model_kinds.py::test_autotvm_names_the_dynamic_shape_where_upstream_fails",
+        "tests/test_model_kinds.py::test_autotvm_names_a_dynamic_shape_a_layout_hook_traced",
+    ],
+    "relay_tasks/adapters/ansor.py": [
+        "tests/adapters/test_ansor.py",
+        "tests/test_export.py",
+        "tests/test_model_kinds.py::test_ansor_on_dynamic_shapes_equals_upstream",
+        "tests/test_model_kinds.py::test_ansor_keeps_a_function_that_reads_only_a_dynamic_inputs_shape",
+    ],
 }
 
 _KILLED = {"killed", "timeout", "segfault", "caught by type check"}

@@ -281,3 +281,28 @@ def test_task_payloads_round_trip_and_malformed_ones_are_refused() -> None:
         with pytest.raises(TypeError, match="a template name and a list of arguments"):
             decode(bad, target)
     assert merge(rows[1:]) is rows[1].native
+
+
+def test_the_registry_hands_every_option_on() -> None:
+    """ops, opt_level and target_host reach the extraction from the registry as from
+    extract_tasks; each changes the answer here, so a dropped one shows."""
+    import re
+
+    mod, params = _three_parallel_dense()
+    host = "llvm -mtriple=x86_64-linux-gnu -mcpu=haswell"
+    dense, conv = [relay.op.get("nn.dense")], [relay.op.get("nn.conv2d")]
+    for options in ({}, {"opt_level": 4}, {"ops": conv}, {"ops": dense, "target_host": host}):
+        rows = get_adapter("autotvm").extract(mod, X86, params, **options)
+        natives = extract_tasks(mod, X86, params, **options)
+        assert [(r.native.name, r.native.args) for r in rows] == [(t.name, t.args) for t in natives]
+        assert [str(r.native.target.host) for r in rows] == [str(t.target.host) for t in natives]
+        assert all(re.fullmatch("[0-9a-f]{16}", r.key) for r in rows)
+        assert {r.anchor_op for r in rows} <= {"nn.dense", "nn.batch_matmul"}
+    plain = extract_tasks(mod, X86, params)
+    assert [t.name for t in extract_tasks(mod, X86, params, opt_level=4)] != [t.name for t in plain]
+    assert extract_tasks(mod, X86, params, ops=conv) == []
+    hosted = extract_tasks(mod, X86, params, target_host=host)
+    assert {str(t.target.host) for t in hosted} == {str(tvm.target.Target(host))}
+    assert {t.target.host for t in plain} == {None}
+    with pytest.raises(ModelError, match="unknown AutoTVM option\\(s\\): executor, mode"):
+        get_adapter("autotvm").extract(mod, X86, params, mode=1, executor=None)
