@@ -43,6 +43,7 @@ TARGETS: dict[str, list[str]] = {
     ],
     "relay_tasks/adapters/ansor.py": [
         "tests/adapters/test_ansor.py",
+        "tests/adapters/test_meta_schedule.py::test_search_effort_grows_with_the_budget_within_upstreams_defaults",
         "tests/test_export.py",
         "tests/test_model_kinds.py::test_ansor_on_dynamic_shapes_equals_upstream",
         "tests/test_model_kinds.py::test_ansor_keeps_a_function_that_reads_only_a_dynamic_inputs_shape",

@@ -279,3 +279,48 @@ def test_tune_spends_the_budget_on_valid_measurements_and_builds_with_them(tmp_p
     data = np.random.default_rng(1).standard_normal((1, 32)).astype("float32")
     library = tuned.build()
     np.testing.assert_allclose(run_tiny(library, data), tiny_reference(data), rtol=1e-4, atol=1e-5)
+
+
+def test_cpu_targets_get_this_machines_core_count_unless_they_name_one() -> None:
+    """MetaSchedule's CPU schedule rules read ``-num-cores``; other targets are left alone."""
+    import os
+
+    from relay_tasks.adapters.meta_schedule import _with_num_cores
+
+    host = "llvm -mtriple=x86_64-linux-gnu -mcpu=haswell"
+    filled = _with_num_cores(tvm.target.Target(X86, host))
+    assert int(filled.attrs["num-cores"]) == os.cpu_count()
+    assert (str(filled.host), filled.attrs["mcpu"]) == (
+        str(tvm.target.Target(host)),
+        "skylake-avx512",
+    )
+    named = tvm.target.Target(f"{X86} -num-cores 7")
+    assert _with_num_cores(named) is named
+    cuda = tvm.target.Target(CUDA)
+    assert _with_num_cores(cuda) is cuda
+
+
+@pytest.mark.parametrize("tuner", ["meta_schedule", "ansor"])
+def test_search_effort_grows_with_the_budget_within_upstreams_defaults(tuner: str) -> None:
+    """A handful of trials gets a small population bred over 2 generations; from 64 trials on,
+    4 generations, and the population reaches upstream's default (512 / 2048) and stays."""
+    import importlib
+
+    search = importlib.import_module(f"relay_tasks.adapters.{tuner}")._search
+
+    def effort(budget: int) -> tuple[int, int, int]:
+        found = search(budget)
+        if tuner == "ansor":
+            keys = ("evolutionary_search_population", "evolutionary_search_num_iters",
+                    "sample_init_min_population")  # fmt: skip
+            return tuple(found[k] for k in keys)  # type: ignore[return-value]
+        return (found.population_size, found.genetic_num_iters, found.init_min_unmeasured)
+
+    ceiling = {"meta_schedule": 512, "ansor": 2048}[tuner]
+    budgets = [1, 2, 8, 63, 64, 200, 10_000]
+    efforts = [effort(b) for b in budgets]
+    populations = [p for p, _, _ in efforts]
+    assert populations == sorted(populations) and populations[0] < populations[-1] == ceiling
+    assert [g for _, g, _ in efforts] == [2, 2, 2, 2, 4, 4, 4]
+    assert all(1 <= init <= min(50, p // 2) for p, _, init in efforts)
+    assert effort(10_000)[2] == 50
