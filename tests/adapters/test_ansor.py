@@ -260,3 +260,31 @@ def test_cuda_without_a_gpu_needs_hardware_params_which_the_registry_takes_from_
     upstream = oracles.ansor_tasks("dense_softmax", CUDA)
     ours = get_adapter("ansor").extract(mod, CUDA, params)
     assert [(r.native.workload_key, r.weight) for r in ours] == [(k, w) for k, _, w in upstream]
+
+
+def test_extraction_is_quiet_and_leaves_tvms_settings_as_it_found_them() -> None:
+    from tvm import autotvm
+
+    dispatch = auto_scheduler.DispatchContext.current
+    before = (dispatch.verbose, autotvm.GLOBAL_SCOPE.silent)
+    mod, params = load("dense_softmax")
+    try:
+        dispatch.verbose, autotvm.GLOBAL_SCOPE.silent = 1, False
+        seen: list[tuple] = []
+        real = auto_scheduler.relay_integration.auto_schedule_topi
+
+        def spy(name, outs):
+            seen.append(
+                (auto_scheduler.DispatchContext.current.verbose, autotvm.GLOBAL_SCOPE.silent)
+            )
+            return real(name, outs)
+
+        auto_scheduler.relay_integration.auto_schedule_topi = spy
+        try:
+            extract_tasks(mod, X86, params)
+        finally:
+            auto_scheduler.relay_integration.auto_schedule_topi = real
+        assert seen and set(seen) == {(0, True)}
+        assert (dispatch.verbose, autotvm.GLOBAL_SCOPE.silent) == (1, False)
+    finally:
+        dispatch.verbose, autotvm.GLOBAL_SCOPE.silent = before
