@@ -325,12 +325,14 @@ def _compile(args: argparse.Namespace) -> int:
 def _remote(tracker: tuple[str, int], key: str) -> Any:
     from tvm import rpc
 
-    from .errors import TuningError
+    from .errors import TuningError, describe_failure
 
     try:
         return rpc.connect_tracker(*tracker).request(key, session_timeout=120)
     except Exception as err:
-        raise TuningError(f"no device {key!r} at tracker {tracker[0]}:{tracker[1]}: {err}") from err
+        raise TuningError(
+            f"no device {key!r} at tracker {tracker[0]}:{tracker[1]}: {describe_failure(err)}"
+        ) from err
 
 
 def _serve(args: argparse.Namespace) -> int:

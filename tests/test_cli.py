@@ -715,3 +715,23 @@ def test_several_models_get_a_models_column_and_params_go_with_one_model(
     assert capsys.readouterr().err == (
         "relay-tasks: error: --params names the weights of one Relay model; give one model with it\n"
     )
+
+
+def test_a_tracker_without_the_device_is_one_tuning_error(monkeypatch) -> None:
+    import relay_tasks.cli as cli
+    from relay_tasks.errors import TuningError
+
+    asked: list[tuple] = []
+
+    class Tracker:
+        def request(self, key, session_timeout):
+            asked.append((key, session_timeout))
+            raise RuntimeError("Traceback:\n  rpc/client.py, in request\nno free device rk3588")
+
+    monkeypatch.setattr(tvm.rpc, "connect_tracker", lambda host, port: Tracker())
+    with pytest.raises(TuningError) as raised:
+        cli._remote(("10.0.0.1", 9190), "rk3588")
+    assert asked == [("rk3588", 120)]
+    assert str(raised.value) == (  # one line: the CLI prints it as is
+        "no device 'rk3588' at tracker 10.0.0.1:9190: no free device rk3588"
+    )
