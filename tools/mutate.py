@@ -67,7 +67,7 @@ def _scratch(module: str, tests: list[str], work: Path) -> Path:
             shutil.copy2(REPO / name, where / name)
     config = {
         "source_paths": [module],
-        "also_copy": ["tests/", "bench/", "relay_tasks/"],
+        "also_copy": ["tests/", "bench/", "relay_tasks/", "README.md"],
         "pytest_add_cli_args": ["-n", "0", "-p", "no:randomly", "-q", "-m", "not slow"],
         "pytest_add_cli_args_test_selection": tests,
     }
