@@ -113,7 +113,8 @@ def mutate(module: str, work: Path, children: int) -> dict[str, object]:
     print(f"\n## {module}: {killed}/{len(statuses)} killed ({killed / max(len(statuses), 1):.1%})")
     print("   " + ", ".join(f"{status} {count}" for status, count in sorted(counts.items())))
     for name in survivors:
-        print(f"\n{name} ({statuses[name]})\n{_diff(where, name)}")
+        if statuses[name] != "not checked":  # mutmut stopped before it (e.g. a failing test)
+            print(f"\n{name} ({statuses[name]})\n{_diff(where, name)}")
     return {"killed": killed, "total": len(statuses), "survivors": survivors}
 
 
