@@ -22,8 +22,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 
-#: The adapters' equality rows on ResNet-18 take most of a run; the small graphs cover the same
-#: code (every function a ResNet lowers is a shape the small graphs have).
+#: The adapters' equality rows on ResNet-18 take most of a run, and the small graphs run the same
+#: adapter code.
 NOT_THE_ZOO = ["-k", "not resnet"]
 
 #: Each module with the tests written for it (the fast ones: no model-zoo comparison marked slow).
