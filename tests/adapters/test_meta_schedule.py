@@ -324,3 +324,21 @@ def test_search_effort_grows_with_the_budget_within_upstreams_defaults(tuner: st
     assert [g for _, g, _ in efforts] == [2, 2, 2, 2, 4, 4, 4]
     assert all(1 <= init <= min(50, p // 2) for p, _, init in efforts)
     assert effort(10_000)[2] == 50
+
+
+def test_merging_one_task_of_several_models_sums_their_weights() -> None:
+    """The same TIR in two models is one task: the first one's name, module, target and TIR,
+    with the weights added."""
+    from relay_tasks.adapters.meta_schedule import merge
+
+    mod, params = load("repeated_blocks")
+    first = max(get_adapter("meta_schedule").extract(mod, X86, params), key=lambda t: t.weight)
+    again = max(get_adapter("meta_schedule").extract(mod, X86, params), key=lambda t: t.weight)
+    merged = merge([first, again, first])
+    assert merged.weight == 3 * first.weight and first.weight > 1
+    assert (merged.task_name, merged.target) == (first.native.task_name, first.native.target)
+    assert merged.mod.same_as(first.native.mod)
+    assert [
+        m.same_as(f) for m, f in zip(merged.dispatched, first.native.dispatched, strict=True)
+    ] == [True]
+    assert first.native.weight == first.weight  # the rows themselves are not changed
