@@ -253,9 +253,10 @@ def decode(payload: dict[str, Any], target: Target) -> ms.ExtractedTask:
 def _encode_tir(mod: IRModule) -> list[Any]:
     """Each PrimFunc as its parts, in an Array: ``save_json`` of a whole PrimFunc writes its
     ``buffer_map`` (keyed by objects) in address order, so the same task would serialise
-    differently in every process; the parts are ordered by the parameter list instead."""
+    differently in every process; the parts are ordered by the parameter list instead. (A
+    task's module holds one function, ``main``: module order cannot vary.)"""
     functions = []
-    for gvar, func in sorted(mod.functions.items(), key=lambda item: item[0].name_hint):
+    for gvar, func in mod.functions.items():
         buffers = [func.buffer_map.get(param) for param in func.params]
         parts = [func.params, buffers, func.body, func.ret_type, func.attrs]
         functions.append([gvar.name_hint, compact_json(tvm.ir.save_json(parts))])

@@ -342,3 +342,28 @@ def test_merging_one_task_of_several_models_sums_their_weights() -> None:
         m.same_as(f) for m, f in zip(merged.dispatched, first.native.dispatched, strict=True)
     ] == [True]
     assert first.native.weight == first.weight  # the rows themselves are not changed
+
+
+def test_task_payloads_round_trip_and_a_tir_function_missing_a_buffer_is_refused() -> None:
+    from relay_tasks.adapters.base import compact_json
+    from relay_tasks.adapters.meta_schedule import decode, encode
+
+    mod, params = load("dense_softmax")
+    target = tvm.target.Target(X86)
+    for task in extract_task_from_relay(mod, target, params):
+        back = decode(encode(task), target)
+        assert (back.task_name, back.weight, str(back.target)) == (
+            task.task_name,
+            task.weight,
+            str(target),
+        )
+        assert tvm.ir.structural_equal(back.mod, task.mod)
+        assert len(back.dispatched) == len(task.dispatched) == 1
+        assert tvm.ir.structural_equal(back.dispatched[0], task.dispatched[0])
+    func = task.dispatched[0]["main"]
+    buffers = [func.buffer_map[p] for p in func.params]
+    parts = [func.params, buffers[:-1], func.body, func.ret_type, func.attrs]  # one buffer short
+    payload = encode(task)
+    payload["dispatched"] = [[["main", compact_json(tvm.ir.save_json(parts))]]]
+    with pytest.raises(ValueError):
+        decode(payload, target)
