@@ -57,6 +57,9 @@ TARGETS: dict[str, list[str]] = {
     ],
 }
 
+#: Seconds one test may take under a mutant (the slowest, a tuning test, takes about 30).
+TEST_TIMEOUT = 120
+
 _KILLED = {"killed", "timeout", "segfault", "caught by type check"}
 
 
@@ -75,7 +78,20 @@ def _scratch(module: str, tests: list[str], work: Path) -> Path:
     config = {
         "source_paths": [module],
         "also_copy": ["tests/", "bench/", "relay_tasks/", "README.md"],
-        "pytest_add_cli_args": ["-n", "0", "-p", "no:randomly", "-q", "-m", "not slow"],
+        # A mutant can leave a tuner waiting forever, which no CPU-time limit ends.
+        "pytest_add_cli_args": [
+            "-n",
+            "0",
+            "-p",
+            "no:randomly",
+            "-q",
+            "-m",
+            "not slow",
+            "--timeout",
+            str(TEST_TIMEOUT),
+            "--timeout-method",
+            "thread",
+        ],
         "pytest_add_cli_args_test_selection": tests,
     }
     lines = [
