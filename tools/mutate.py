@@ -123,8 +123,10 @@ def _diff(where: Path, name: str) -> str:
     )
 
 
-def mutate(module: str, work: Path, children: int) -> dict[str, object]:
-    where = _scratch(module, TARGETS[module], work)
+def mutate(module: str, work: Path, children: int, resume: bool = False) -> dict[str, object]:
+    where = work / module.replace("/", "_").removesuffix(".py")
+    if not (resume and where.is_dir()):
+        where = _scratch(module, TARGETS[module], work)
     subprocess.run(
         [sys.executable, "-m", "mutmut", "run", "--max-children", str(children)],
         cwd=where, stdout=subprocess.DEVNULL, check=False,
@@ -147,11 +149,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--children", type=int, default=2, help="mutants run at once")
     parser.add_argument("--work", type=Path, default=Path.home() / ".cache/relay-tasks-mutants")
     parser.add_argument("--json", type=Path, help="write the figures here")
+    parser.add_argument("--resume", action="store_true",
+                        help="go on with a module's earlier run (same code and tests) where it stopped")  # fmt: skip
     args = parser.parse_args(argv)
     unknown = [m for m in args.modules if m not in TARGETS]
     if unknown:
         parser.error(f"not a module with a mutation target: {', '.join(unknown)}")
-    results = {m: mutate(m, args.work, args.children) for m in args.modules or TARGETS}
+    results = {m: mutate(m, args.work, args.children, args.resume) for m in args.modules or TARGETS}
     killed = sum(int(r["killed"]) for r in results.values())  # type: ignore[call-overload]
     total = sum(int(r["total"]) for r in results.values())  # type: ignore[call-overload]
     print(f"\nall: {killed}/{total} killed ({killed / max(total, 1):.1%})")
