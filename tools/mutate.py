@@ -149,8 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--children", type=int, default=2, help="mutants run at once")
     parser.add_argument("--work", type=Path, default=Path.home() / ".cache/relay-tasks-mutants")
     parser.add_argument("--json", type=Path, help="write the figures here")
-    parser.add_argument("--resume", action="store_true",
-                        help="go on with a module's earlier run (same code and tests) where it stopped")  # fmt: skip
+    parser.add_argument(
+        "--resume", action="store_true", help="go on with a module's stopped run where it stopped"
+    )
     args = parser.parse_args(argv)
     unknown = [m for m in args.modules if m not in TARGETS]
     if unknown:
