@@ -186,17 +186,9 @@ def test_measurements_are_read_from_ansors_own_records(tmp_path) -> None:
 
 @pytest.mark.xdist_group("tuning")
 def test_tune_spends_the_budget_on_valid_measurements_and_builds_with_them(tmp_path) -> None:
-    import numpy as np
+    from tuned_models import assert_one_task_tunes_resumes_and_builds
 
-    from tuned_models import run_tiny, tiny_reference, tune_in_process
-
-    # One task: each pass measures what is missing in one round, so exactly 2, then 2 more.
-    tuned = tune_in_process("ansor", tmp_path, [2, 4])
-    valid = [s for _, s in tuned.records if s is not None]
-    assert len(valid) == 4 and all(0 < s < 1 for s in valid)
-    data = np.random.default_rng(1).standard_normal((1, 32)).astype("float32")
-    library = tuned.build()
-    np.testing.assert_allclose(run_tiny(library, data), tiny_reference(data), rtol=1e-4, atol=1e-5)
+    assert_one_task_tunes_resumes_and_builds("ansor", tmp_path)
 
 
 def test_every_option_reaches_the_search_tasks_as_upstreams_do(tmp_path) -> None:

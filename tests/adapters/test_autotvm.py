@@ -168,10 +168,9 @@ def test_tune_spends_the_budget_on_valid_measurements_and_builds_with_them(tmp_p
     """Every template tuned: the build finds a record for each (no default schedule)."""
     import logging
 
-    import numpy as np
     from tvm.autotvm.task.dispatcher import DispatchContext
 
-    from tuned_models import run_tiny, tiny_reference, tune_in_process
+    from tuned_models import assert_runs_as_numpy, tune_in_process
 
     # 3 trials: 2 for the first template, 1 for the second; resumed to 4, only the second
     # gets one more.
@@ -181,7 +180,6 @@ def test_tune_spends_the_budget_on_valid_measurements_and_builds_with_them(tmp_p
     first, second = dict.fromkeys(task for task, _ in tuned.records)
     assert [task for task, _ in valid].count(first) == 2
     assert [task for task, _ in valid].count(second) == 2
-    data = np.random.default_rng(1).standard_normal((1, 32)).astype("float32")
     fallbacks: list[str] = []
     handler = logging.Handler()
     handler.emit = lambda record: fallbacks.append(record.getMessage())  # type: ignore[method-assign]
@@ -196,7 +194,7 @@ def test_tune_spends_the_budget_on_valid_measurements_and_builds_with_them(tmp_p
         autotvm_logger.removeHandler(handler)
         autotvm_logger.setLevel(level)
     assert [m for m in fallbacks if "Cannot find tuning records" in m] == []
-    np.testing.assert_allclose(run_tiny(library, data), tiny_reference(data), rtol=1e-4, atol=1e-5)
+    assert_runs_as_numpy(library)
 
 
 def test_flops_are_computed_for_a_task_whose_config_space_is_not_built() -> None:
