@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -257,7 +258,8 @@ def test_errors_are_one_line_and_an_exit_code(
     assert out == ""
     lines = err.strip().splitlines()
     assert lines[-1].startswith("relay-tasks: error: ")
-    assert message in lines[-1]
+    # The message as whole words, not inside longer ones.
+    assert re.search(rf"(?<!\w){re.escape(message)}(?!\w)", lines[-1]), lines[-1]
     assert "Traceback" not in err
 
 
@@ -453,9 +455,9 @@ def test_each_verb_parses_to_its_documented_defaults() -> None:
         assert caught.value.code == EXIT_USAGE, bad
 
 
-def _task_file(tiny_model, path: Path, tuner: str) -> Path:
+def _task_file(tiny_model, path: Path, tuner: str, target: str = X86) -> Path:
     text, params = tiny_model
-    argv = ["extract", str(text), "--params", str(params), "--target", X86, "--tuner", tuner,
+    argv = ["extract", str(text), "--params", str(params), "--target", target, "--tuner", tuner,
             "--format", "json", "-o", str(path)]  # fmt: skip
     assert main(argv) == 0
     return path
@@ -534,7 +536,8 @@ def test_status_reads_the_work_dirs_task_file_or_the_models_tasks(
     tiny_model, tmp_path, monkeypatch, capsys
 ) -> None:
     """Before any measurement: every task at zero, from the task file a tune leaves, or from
-    the model (extracted for the work dir's tuner and target); --plot draws the same standing."""
+    the model (extracted for the work dir's tuner and target, CUDA here, not this CPU); --plot
+    draws the same standing."""
     import relay_tasks.tuning.status as status_module
     from relay_tasks.adapters import get_adapter
     from relay_tasks.export import load_tasks
@@ -543,7 +546,8 @@ def test_status_reads_the_work_dirs_task_file_or_the_models_tasks(
 
     work = tmp_path / "w"
     work.mkdir()
-    tasks = load_tasks(_task_file(tiny_model, work / "tasks.json", "autotvm")).tasks
+    tasks = load_tasks(_task_file(tiny_model, work / "tasks.json", "autotvm", CUDA)).tasks
+    assert [t.name for t in tasks] == ["dense_small_batch.gpu"]
     capsys.readouterr()
     expected = format_status(standing(tasks, []), task_flops(get_adapter("autotvm"), tasks))
     assert main(["status", "--work-dir", str(work)]) == 0
@@ -587,6 +591,7 @@ def test_compile_builds_with_the_work_dirs_records_and_benchmarks(
     assert main([*argv, "--benchmark"]) == 0
     (_, benchmark) = capsys.readouterr().out.splitlines()
     assert benchmark.startswith("tuned ") and " ms, untuned " in benchmark
+    assert float(benchmark.rsplit(" ", 1)[1]) < 1e-5  # both builds compute the same
     assert main([*argv, "--rpc-tracker", "h:9190", "--rpc-key", "k"]) == EXIT_USAGE
     assert capsys.readouterr().err == (
         "relay-tasks: error: --rpc-tracker applies to --benchmark only\n"
@@ -601,6 +606,18 @@ def test_compile_builds_with_the_work_dirs_records_and_benchmarks(
     tracked = [*argv, "--benchmark", "--rpc-tracker", "h:9190", "--rpc-key", "k"]
     assert main(tracked) == EXIT_USAGE
     assert asked == [(("h", 9190), "k")]
+    import relay_tasks.tuning.compile as building
+
+    ran_on: list[object] = []
+
+    def run_remotely(factory, inputs, *, remote=None):
+        ran_on.append(remote)
+        return building.Run(1e-3, [np.zeros(4, "float32")])
+
+    monkeypatch.setattr(cli, "_remote", lambda tracker, key: "the device")
+    monkeypatch.setattr(building, "run", run_remotely)
+    assert main(tracked) == 0
+    assert ran_on == ["the device", "the device"]  # the tuned build, then the untuned one
 
 
 def test_serve_registers_at_the_tracker_until_interrupted(monkeypatch, capsys) -> None:
@@ -735,3 +752,30 @@ def test_a_tracker_without_the_device_is_one_tuning_error(monkeypatch) -> None:
     assert str(raised.value) == (  # one line: the CLI prints it as is
         "no device 'rk3588' at tracker 10.0.0.1:9190: no free device rk3588"
     )
+
+
+def test_on_a_terminal_extract_and_tune_say_what_they_did(
+    tiny_model, tune_calls, tmp_path, monkeypatch
+):
+    """In this process, with stderr a (fake) terminal: the count and time of an extraction, and
+    where a tune's records are; stdout keeps only the results."""
+    import io
+    import sys
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    text, params = tiny_model
+    shown = Terminal()
+    monkeypatch.setattr(sys, "stderr", shown)
+    assert main(["extract", str(text), "--params", str(params), "--target", X86]) == 0
+    found = re.search(r"\r1 tasks in ([0-9.]+) s\n$", shown.getvalue())  # after the progress bar
+    assert found and 0 <= float(found.group(1)) < 60, shown.getvalue()
+    shown.truncate(0)
+    shown.seek(0)
+    work = tmp_path / "w"
+    tune = ["tune", str(text), "--params", str(params), "--target", X86, "--work-dir", str(work)]
+    assert main(tune) == 0
+    said = f"\rrecords in {work}; next: relay-tasks status / relay-tasks compile\n"
+    assert shown.getvalue().endswith(said), shown.getvalue()

@@ -131,9 +131,12 @@ def run(
 
 
 def summary(tuned: Run, untuned: Run) -> str:
+    """Both latencies, and how far apart their outputs are on the same inputs: a tuned build
+    that is fast but computes something else shows here."""
     ratio = untuned.seconds / tuned.seconds if tuned.seconds else float("inf")
+    apart = max_difference(tuned.outputs, untuned.outputs)
     return (f"tuned {tuned.seconds * 1e3:.4f} ms, untuned {untuned.seconds * 1e3:.4f} ms "
-            f"({ratio:.2f}x)")  # fmt: skip
+            f"({ratio:.2f}x); outputs differ by at most {apart:.3g}")  # fmt: skip
 
 
 def max_difference(a: Sequence[np.ndarray[Any, Any]], b: Sequence[np.ndarray[Any, Any]]) -> float:
