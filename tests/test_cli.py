@@ -779,3 +779,52 @@ def test_on_a_terminal_extract_and_tune_say_what_they_did(
     assert main(tune) == 0
     said = f"\rrecords in {work}; next: relay-tasks status / relay-tasks compile\n"
     assert shown.getvalue().endswith(said), shown.getvalue()
+
+
+def test_the_table_shows_gflop_shares_and_the_models_of_each_task() -> None:
+    from relay_tasks.adapters import TunerTask
+    from relay_tasks.cli import format_table
+
+    tasks = [
+        TunerTask("conv", 2, "nn.conv2d", "k1", None, ("a.onnx", "b.onnx")),
+        TunerTask("dense", 1, "nn.dense", "k2", None, ("b.onnx",)),
+    ]
+    # Shares of weight x GFLOP: 2 x 1.5 and 1 x 1 of 4.
+    table = format_table(tasks, [1.5e9, 1e9], several=True)
+    assert [row.split() for row in table.splitlines()] == [
+        ["#", "task", "weight", "GFLOP", "share", "anchor", "op", "models"],
+        ["0", "conv", "2", "1.5", "75.0%", "nn.conv2d", "a.onnx,b.onnx"],
+        ["1", "dense", "1", "1", "25.0%", "nn.dense", "b.onnx"],
+    ]
+    # A model without work (layout changes only) has no shares to show.
+    alone = format_table(tasks[1:], [0.0]).splitlines()[1]
+    assert alone.split() == ["0", "dense", "1", "0", "-", "nn.dense"]
+
+
+def test_a_stopped_tune_is_one_line_with_the_signals_exit_code(tiny_model, monkeypatch, capsys):
+    import relay_tasks.tuning as tuning
+    from relay_tasks.errors import TuningInterrupted
+
+    def stopped(tasks, target, **options):
+        raise TuningInterrupted("stopped; 3 valid measurements are kept in w", 15)
+
+    monkeypatch.setattr(tuning, "tune", stopped)
+    text, params = tiny_model
+    argv = ["tune", str(text), "--params", str(params), "--target", X86, "--work-dir", "w"]
+    assert main(argv) == 128 + 15
+    out, err = capsys.readouterr()
+    assert (out, err) == (
+        "",
+        "relay-tasks: interrupted: stopped; 3 valid measurements are kept in w\n",
+    )
+
+
+def test_model_format_overrides_the_suffix(tiny_model, tmp_path, capsys) -> None:
+    text, params = tiny_model
+    odd = tmp_path / "tiny.model"
+    odd.write_text(text.read_text())
+    argv = ["extract", str(odd), "--params", str(params), "--target", X86]
+    assert main(argv) != 0
+    capsys.readouterr()
+    assert main([*argv, "--model-format", "relay"]) == 0
+    assert capsys.readouterr().out == TINY_TABLE
