@@ -291,7 +291,7 @@ def _status_verb(args: argparse.Namespace) -> int:
         tasks = extract_models(models, tuned.target, tuner=adapter)
     else:
         tasks = tuned.tasks
-    records = adapter.measurements(tasks, folder)
+    records = adapter.measurements(folder)
     now = standing(tasks, records)
     print(format_status(now, task_flops(adapter, tasks)))
     if args.plot:

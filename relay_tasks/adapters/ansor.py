@@ -177,7 +177,7 @@ def tune(
     """Ansor's task scheduler (tasks by weight) until the log holds ``trials`` valid
     measurements; the search effort scales down with the budget."""
     log = work_dir / "ansor.json"
-    budget = trials - sum(m.valid for m in measurements(tasks, work_dir))
+    budget = trials - sum(m.valid for m in measurements(work_dir))
     if budget <= 0:
         return
     scheduler = auto_scheduler.TaskScheduler(
@@ -218,7 +218,7 @@ def _search(budget: int) -> dict[str, Any]:
     }
 
 
-def measurements(tasks: Sequence[TunerTask], work_dir: Path) -> list[Measurement]:
+def measurements(work_dir: Path) -> list[Measurement]:
     log = work_dir / "ansor.json"
     if not log.exists():
         return []

@@ -247,7 +247,7 @@ def tune(
     log = work_dir / "autotvm.log"
     history = list(autotvm.record.load_from_file(str(log))) if log.exists() else []
     valid: dict[str, int] = {}
-    for m in measurements(tasks, work_dir):
+    for m in measurements(work_dir):
         valid[m.key] = valid.get(m.key, 0) + m.valid
     natives = [autotvm.task.create(t.native.name, t.native.args, target=target) for t in tasks]
     plan = allotments(
@@ -308,7 +308,7 @@ def _measure_option(runner: Runner) -> Iterator[Any]:
         tracker.terminate()
 
 
-def measurements(tasks: Sequence[TunerTask], work_dir: Path) -> list[Measurement]:
+def measurements(work_dir: Path) -> list[Measurement]:
     log = work_dir / "autotvm.log"
     if not log.exists():
         return []

@@ -65,7 +65,8 @@ class Adapter:
     - ``merge(tasks)``: one task from equal tasks of several models (weights added);
     - ``tune(tasks, target, trials, work_dir, runner)``: tune until ``work_dir`` holds ``trials``
       valid measurements (failed ones are retried, not counted), logging as it goes;
-    - ``measurements(tasks, work_dir)``: the records in ``work_dir``, in the order measured;
+    - ``measurements(work_dir)``: the records in ``work_dir``, in the order measured, each
+      under its task's key (the records name their tasks; standing() matches them to rows);
     - ``flops(native)``: floating-point operations of one call of the task;
     - ``build(mod, target, params, work_dir)``: the model built with the best records applied.
     """
@@ -77,7 +78,7 @@ class Adapter:
     key: Callable[[Any], str] = field(repr=False)
     merge: Callable[[Sequence[TunerTask]], Any] = field(repr=False)
     tune: Callable[[Sequence[TunerTask], Any, int, Path, Runner], None] = field(repr=False)
-    measurements: Callable[[Sequence[TunerTask], Path], list[Measurement]] = field(repr=False)
+    measurements: Callable[[Path], list[Measurement]] = field(repr=False)
     flops: Callable[[Any], float] = field(repr=False)
     build: Callable[[Any, Any, Any, Path], Any] = field(repr=False)
 

@@ -291,7 +291,7 @@ def tune(
     for module in ("arm_cpu", "cuda", "rocm", "x86"):
         importlib.import_module(f"tvm.tir.tensor_intrin.{module}")
 
-    budget = trials - sum(m.valid for m in measurements(tasks, work_dir))
+    budget = trials - sum(m.valid for m in measurements(work_dir))
     if budget <= 0:
         return
     target = _with_num_cores(target)
@@ -374,7 +374,7 @@ def _cause(error: str) -> str:
     return (lines[-1] if lines else describe_text(error))[:300]
 
 
-def measurements(tasks: Sequence[TunerTask], work_dir: Path) -> list[Measurement]:
+def measurements(work_dir: Path) -> list[Measurement]:
     """The JSON database's records in commit order (its API sorts them by latency).
 
     A record is ``[workload index, [trace, run_secs, target, args]]``; a workload line starts with

@@ -47,7 +47,7 @@ def plan(mod: Any, params: Any, work_dir: str | Path) -> Plan:
     tuned = tuned_for(work_dir)
     adapter = get_adapter(tuned.tuner)
     tasks = adapter.extract(mod, tuned.target, params)
-    now = standing(tasks, adapter.measurements(tasks, Path(work_dir)))
+    now = standing(tasks, adapter.measurements(Path(work_dir)))
     return Plan(adapter, tuned.target, tasks, [r.task for r in now.tasks if r.best is not None])
 
 

@@ -75,11 +75,11 @@ def tune(
     folder = work_folder(work_dir)
     document = tasks_document(tasks, tuner=adapter.name, target=tgt, models=_models(tasks))
     (folder / TASKS_FILE).write_text(dumps(document) + "\n")
-    before = standing(tasks, adapter.measurements(tasks, folder))
+    before = standing(tasks, adapter.measurements(folder))
     if before.valid >= trials:
         return before
     stopped = _run_worker(adapter, tasks, folder, trials, runner)
-    after = standing(tasks, adapter.measurements(tasks, folder))
+    after = standing(tasks, adapter.measurements(folder))
     if stopped is not None:
         raise TuningInterrupted(
             f"stopped; {after.valid} valid measurements are kept in {folder}: run the same "
@@ -228,7 +228,7 @@ class _Progress:
             return
         self.last = time.monotonic()
         try:
-            records = self.adapter.measurements(self.tasks, self.folder)
+            records = self.adapter.measurements(self.folder)
         except Exception:  # a log being written can be read half-way; try again later
             return
         self._show(progress_line(self.tasks, records, self.trials))

@@ -54,7 +54,7 @@ BARREN_PASSES = 3
 
 
 def _valid(adapter: Adapter, tasks: list[TunerTask], folder: Path) -> int:
-    return sum(m.valid for m in adapter.measurements(tasks, folder))
+    return sum(m.valid for m in adapter.measurements(folder))
 
 
 if __name__ == "__main__":

@@ -165,7 +165,7 @@ def test_measurements_are_read_from_ansors_own_records(tmp_path) -> None:
 
     mod, params = load("dense_softmax")
     rows = get_adapter("ansor").extract(mod, X86, params)
-    assert measurements(rows, tmp_path) == []  # nothing tuned yet: no log
+    assert measurements(tmp_path) == []  # nothing tuned yet: no log
     first, second = rows[0].native, rows[1].native
     records = [
         (first, MeasureResult([1e-3, 4e-3], MeasureErrorNo.NO_ERROR, "", 0.5, 0)),
@@ -175,7 +175,7 @@ def test_measurements_are_read_from_ansors_own_records(tmp_path) -> None:
     ]
     inputs = [MeasureInput(t, t.compute_dag.get_init_state()) for t, _ in records]
     auto_scheduler.save_records(str(tmp_path / "ansor.json"), inputs, [r for _, r in records])
-    got = [(m.key, m.seconds, m.error) for m in measurements(rows, tmp_path)]
+    got = [(m.key, m.seconds, m.error) for m in measurements(tmp_path)]
     assert got == [
         (rows[0].key, pytest.approx(2.5e-3), ""),
         (rows[0].key, None, "RUNTIME_DEVICE: see tune.log"),

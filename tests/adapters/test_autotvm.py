@@ -140,7 +140,7 @@ def test_measurements_are_read_from_autotvms_own_log(tmp_path) -> None:
 
     mod, params = load("dense_softmax")
     rows = get_adapter("autotvm").extract(mod, X86, params)
-    assert measurements(rows, tmp_path) == []  # nothing tuned yet: no log
+    assert measurements(tmp_path) == []  # nothing tuned yet: no log
     first, second = (
         autotvm.task.create(r.native.name, r.native.args, target=X86) for r in rows[:2]
     )
@@ -154,7 +154,7 @@ def test_measurements_are_read_from_autotvms_own_log(tmp_path) -> None:
         for t, r in records
     ]
     (tmp_path / "autotvm.log").write_text("\n".join(lines) + "\n")
-    got = measurements(rows, tmp_path)
+    got = measurements(tmp_path)
     assert [(m.key, m.seconds, m.error) for m in got] == [
         (rows[0].key, pytest.approx(2.5e-3), ""),
         (rows[0].key, None, "RUNTIME_DEVICE: see tune.log"),

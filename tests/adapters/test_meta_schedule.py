@@ -223,7 +223,7 @@ def test_measurements_are_read_from_metaschedules_own_database(tmp_path) -> None
 
     mod, params = load("dense_softmax")
     rows = get_adapter("meta_schedule").extract(mod, X86, params)
-    assert measurements(rows, tmp_path) == []  # nothing tuned yet: no database
+    assert measurements(tmp_path) == []  # nothing tuned yet: no database
     database = ms.database.JSONDatabase(work_dir=str(tmp_path))
     target = tvm.target.Target(X86)
     for row, run_secs in [(0, [1e-3, 4e-3]), (1, None), (0, [1e10]), (1, [2e-3]), (0, [1e10])]:
@@ -234,7 +234,7 @@ def test_measurements_are_read_from_metaschedules_own_database(tmp_path) -> None
         database.commit_tuning_record(ms.database.TuningRecord(trace, workload, times, target))
     (tmp_path / ERRORS_FILE).write_text('{"task": 1, "error": "no build"}\n\n'
                                         '{"task": 0, "error": "run failed"}\n')  # fmt: skip
-    got = [(m.key, m.seconds, m.error) for m in measurements(rows, tmp_path)]
+    got = [(m.key, m.seconds, m.error) for m in measurements(tmp_path)]
     assert got == [
         (rows[0].key, pytest.approx(2.5e-3), ""),
         (rows[1].key, None, "no build"),
