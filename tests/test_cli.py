@@ -280,7 +280,18 @@ def test_usage_errors_exit_2(capsys) -> None:
     with pytest.raises(SystemExit) as exit_info:
         main(["extract", "--format", "yaml"])
     assert exit_info.value.code == EXIT_USAGE
-    assert "invalid choice: 'yaml'" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "invalid choice: 'yaml' (choose from 'table', 'json')" in err
+    # The usage line names the program and the placeholders the README uses.
+    assert err.startswith("usage: relay-tasks extract [-h]") and "[MODEL ...]" in err
+    with pytest.raises(SystemExit):
+        main(["tune", "--work-dir", "w"])
+    assert "relay-tasks tune: error: the following arguments are required: MODEL|TASKS.json" in (
+        capsys.readouterr().err
+    )
+    with pytest.raises(SystemExit):
+        main(["frobnicate"])
+    assert "argument VERB: invalid choice: 'frobnicate'" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("tuner", ["autotvm", "ansor"])
