@@ -78,6 +78,17 @@ def test_disabled_pass_and_opt_level_match_upstream() -> None:
     )
     actual = extract_task_from_relay(mod, X86, params, opt_level=2, disabled_pass=["AlterOpLayout"])
     assert_same_extracted_tasks(list(expected), actual)
+    # At opt_level 3 AlterOpLayout runs (NCHWc convs) unless disabled: the argument must count.
+    without = ms.relay_integration.extract_tasks(
+        load("conv_bias_bn_relu")[0],
+        tvm.target.Target(X86),
+        params,
+        disabled_pass=["AlterOpLayout"],
+    )
+    ours_without = extract_task_from_relay(mod, X86, params, disabled_pass=["AlterOpLayout"])
+    assert_same_extracted_tasks(list(without), ours_without)
+    default = extract_task_from_relay(mod, X86, params)
+    assert [t.task_name for t in ours_without] != [t.task_name for t in default]
 
 
 @pytest.mark.parametrize("target", [X86, CUDA])
