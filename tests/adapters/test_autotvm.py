@@ -276,7 +276,9 @@ def test_task_payloads_round_trip_and_malformed_ones_are_refused() -> None:
             str(target),
         )
     for bad in ({"template": 1, "args": []}, {"template": "dense_nopack.x86", "args": "x"}):
-        with pytest.raises(TypeError, match="a template name and a list of arguments"):
+        with pytest.raises(
+            TypeError, match="^an AutoTVM payload is a template name and a list of arguments$"
+        ):
             decode(bad, target)
     assert merge(rows[1:]) is rows[1].native
 
