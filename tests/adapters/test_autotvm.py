@@ -253,6 +253,9 @@ def test_several_models_equal_upstreams_multiple_program_extraction() -> None:
     assert [(t.name, t.args) for t in ours] == [(t.name, t.args) for t in upstream]
     first_two = extract_tasks_from_models(mods[:2], params[:2], X86)
     assert [(t.name, t.args) for t in first_two] == [(t.name, t.args) for t in ours]
+    host = "llvm -mtriple=x86_64-linux-gnu -mcpu=haswell"
+    hosted = extract_tasks_from_models(mods, params, X86, target_host=host)
+    assert {str(t.target.host) for t in hosted} == {str(tvm.target.Target(host))}  # every model
     combined = extract_tasks_from_models(mods, params, X86, opt_level=4)
     assert [(t.name, t.args) for t in combined] != [(t.name, t.args) for t in ours]
     dense = [relay.op.get("nn.dense")]
