@@ -675,7 +675,6 @@ def test_the_readme_documents_every_option_and_uses_only_real_ones() -> None:
     """Every verb and option the parser has is in the README (by one of its spellings), and
     every command line the README shows parses (so an option renamed on one side shows here)."""
     import argparse
-    import re
     import shlex
 
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()

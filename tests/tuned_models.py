@@ -57,11 +57,13 @@ def write_tiny(folder: Path) -> tuple[Path, Path]:
     mod = tvm.IRModule.from_expr(relay.Function([data, weight], body))
     text, params = folder / "m.relay", folder / "m.params"
     text.write_text(mod.astext())
-    rng = np.random.default_rng(0)
-    params.write_bytes(
-        relay.save_param_dict({"w": rng.standard_normal((16, 32)).astype("float32")})
-    )
+    params.write_bytes(relay.save_param_dict({"w": tiny_weight()}))
     return text, params
+
+
+def tiny_weight() -> np.ndarray:
+    """The tiny model's seeded dense weight."""
+    return np.random.default_rng(0).standard_normal((16, 32)).astype("float32")
 
 
 class InProcess(NamedTuple):
@@ -102,8 +104,7 @@ def assert_runs_as_numpy(library: Any) -> None:
     graph = graph_executor.GraphModule(library["default"](tvm.cpu(0)))
     graph.set_input("data", data)
     graph.run()
-    weight = np.random.default_rng(0).standard_normal((16, 32)).astype("float32")  # write_tiny's
-    expected = np.maximum(data @ weight.T, 0)
+    expected = np.maximum(data @ tiny_weight().T, 0)
     np.testing.assert_allclose(graph.get_output(0).numpy(), expected, rtol=1e-4, atol=1e-5)
 
 
