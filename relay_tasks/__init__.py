@@ -10,9 +10,14 @@ import os as _os
 # AutoTVM would try to download TopHub configs during extraction; this machine has no internet.
 _os.environ.setdefault("TOPHUB_LOCATION", "NONE")
 
-# _memoize first: it must act before anything imports tvm.topi.
+# Both act when imported, in this order: _memoize before anything imports tvm.topi, then
+# _deferred imports tvm.relay (which imports tvm.topi) with its frontends deferred.
+# isort: off
+from . import _memoize  # noqa: F401
+from . import _deferred  # noqa: F401
+
+# isort: on
 from . import (
-    _memoize,  # noqa: F401
     ansor,
     autotvm,
     meta_schedule,

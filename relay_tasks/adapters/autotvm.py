@@ -18,7 +18,9 @@ from typing import Any
 
 from tvm import autotvm
 from tvm.autotvm.task import TaskExtractEnv
-from tvm.autotvm.task.dispatcher import DispatchContext, FallbackContext
+from tvm.autotvm.task.dispatcher import ApplyConfig, DispatchContext, FallbackContext
+from tvm.autotvm.task.space import ConfigSpace
+from tvm.autotvm.task.task import compute_flop, serialize_args
 from tvm.target import Target
 
 from ..errors import ModelError
@@ -143,7 +145,7 @@ def _extract(
             continue
         seen.add((name, args))
         try:
-            result.append((source, autotvm.task.create(name, args, target=tgt)))
+            result.append((source, create_task(name, args, tgt)))
         except _invalid_shape_error():
             continue  # upstream drops these too (with a warning)
         except Exception as err:
@@ -157,6 +159,25 @@ def _extract(
                 "use MetaSchedule, which leaves dynamic functions out"
             ) from err
     return result
+
+
+def create_task(name: str, args: Any, target: Target) -> autotvm.task.Task:
+    """``autotvm.task.create``, less its probe for a ``code_hash`` the schedule never has.
+
+    Upstream asks the TVM object for the attribute, which fails in C++; the first TVM error of
+    a process loads the symbols for its backtrace, 0.15 s that made up two thirds of extracting
+    a one-operator model. The task is otherwise built as upstream builds it (tested field by
+    field): the template run once under its empty config space records the space and FLOPs.
+    """
+    task = autotvm.task.Task(name, serialize_args(args))
+    task.config_space = ConfigSpace()
+    with ApplyConfig(task.config_space), target:
+        schedule, _ = task.func(*task.args)
+    # Set in Python by autotvm.task.attach_code_hash, when a template asks for it.
+    task.config_space.code_hash = vars(schedule).get("code_hash")
+    task.flop = task.config_space.flop or compute_flop(schedule)
+    task.target, task.target_host = target, target.host
+    return task
 
 
 def _dynamic_tensor_shape(args: Any) -> str | None:
@@ -219,7 +240,7 @@ def decode(payload: dict[str, Any], target: Target) -> autotvm.task.Task:
     template, args = payload["template"], payload["args"]
     if not isinstance(template, str) or not isinstance(args, list):
         raise TypeError("an AutoTVM payload is a template name and a list of arguments")
-    return autotvm.task.create(template, _tuples(args), target=target)
+    return create_task(template, _tuples(args), target)
 
 
 def _jsonable(value: Any) -> Any:
@@ -249,7 +270,7 @@ def tune(
     valid: dict[str, int] = {}
     for m in measurements(work_dir):
         valid[m.key] = valid.get(m.key, 0) + m.valid
-    natives = [autotvm.task.create(t.native.name, t.native.args, target=target) for t in tasks]
+    natives = [create_task(t.native.name, t.native.args, target) for t in tasks]
     plan = allotments(
         trials, [valid.get(t.key, 0) for t in tasks], [len(n.config_space) for n in natives]
     )
@@ -325,7 +346,7 @@ def measurements(work_dir: Path) -> list[Measurement]:
 
 def flops(task: autotvm.task.Task) -> float:
     if not task.flop:  # computed when the config space is built
-        task = autotvm.task.create(task.name, task.args, target=task.target)
+        task = create_task(task.name, task.args, task.target)
     return float(task.flop)
 
 

@@ -59,6 +59,52 @@ def test_tasks_are_autotvm_tasks_with_their_config_space() -> None:
     assert {str(t.target) for t in tasks} == {str(tvm.target.Target(X86))}
 
 
+@pytest.mark.parametrize(
+    ("model", "target"),
+    [("conv_bias_bn_relu", X86), ("dense_softmax", X86), ("conv_bias_bn_relu", CUDA)],
+)
+def test_tasks_are_built_as_autotvm_task_create_builds_them(model: str, target: str) -> None:
+    """create_task skips only upstream's failing attribute probe: every field is upstream's."""
+    from relay_tasks.adapters.autotvm import create_task
+
+    mod, params = load(model)
+    tgt = tvm.target.Target(target, host=X86 if target == CUDA else None)
+    templates = extract_tasks(mod, tgt, params)
+    assert templates
+    for template in templates:
+        ours = create_task(template.name, template.args, tgt)
+        theirs = autotvm.task.create(template.name, template.args, target=tgt)
+        assert (ours.name, ours.args, ours.flop) == (theirs.name, theirs.args, theirs.flop)
+        assert str(ours.config_space) == str(theirs.config_space)
+        assert ours.config_space.code_hash == theirs.config_space.code_hash
+        assert (str(ours.target), str(ours.target_host)) == (
+            str(theirs.target),
+            str(theirs.target_host),
+        )
+
+
+def test_a_code_hash_the_template_attaches_reaches_the_config_space() -> None:
+    from relay_tasks.adapters.autotvm import create_task
+
+    @autotvm.template("relay_tasks_test.hashed_add")
+    def hashed_add(n: int) -> tuple:
+        a = tvm.te.placeholder((n,), name="a")
+        b = tvm.te.compute((n,), lambda i: a[i] + 1, name="b")
+        schedule = tvm.te.create_schedule(b.op)
+
+        @autotvm.task.attach_code_hash(schedule)
+        def define_space() -> None:
+            autotvm.get_config().define_split("split", b.op.axis[0], num_outputs=2)
+
+        define_space()
+        return schedule, [a, b]
+
+    ours = create_task("relay_tasks_test.hashed_add", (64,), tvm.target.Target(X86))
+    theirs = autotvm.task.create("relay_tasks_test.hashed_add", (64,), target=X86)
+    assert ours.config_space.code_hash == theirs.config_space.code_hash is not None
+    assert str(ours.config_space) == str(theirs.config_space)
+
+
 def _dense_strategy(schedule):
     def strategy(attrs, inputs, out_type, target):
         result = _op.OpStrategy()

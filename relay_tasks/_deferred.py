@@ -1,0 +1,84 @@
+"""``import tvm.relay`` runs every framework frontend and every BYOC pattern table: defer them.
+
+Close to half of importing Relay is ``tvm.relay.frontend`` (hhb's TFLite frontend alone pulls in
+its quantizer and scipy) and ``tvm.relay.op.contrib`` (pattern tables of external codegens),
+which ``relay-tasks extract`` pays on every run although extraction reads neither. Importing
+Relay through :func:`defer_frontends` creates both packages as usual (name, path, spec) but runs
+a package's ``__init__`` only when something reads a name it would define:
+``relay.frontend.from_onnx`` and ``from tvm.relay.frontend import from_onnx`` run it then.
+Importing a submodule (``tvm.testing`` imports ``tvm.relay.op.contrib.ethosn``) runs just that
+submodule, once, as it would have anyway; the ``__init__`` later finds it imported.
+
+What those modules register when they run (``relay.ext.*`` functions, ``target.<codegen>`` op
+attributes, pattern tables) serves partitioning for external codegens, which asks for them
+first; tests/test_deferred.py checks that the tasks do not change when they run first.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import sys
+from collections.abc import Sequence
+from importlib.machinery import ModuleSpec
+from types import ModuleType
+from typing import Any
+
+DEFERRED = ("tvm.relay.frontend", "tvm.relay.op.contrib")
+
+
+class _RunOnFirstRead(importlib.abc.Loader):
+    """Leaves the package's code unrun behind a module ``__getattr__`` (PEP 562).
+
+    Not importlib's ``LazyLoader``: its module runs on any attribute read, ``__path__``
+    included, so importing a submodule would run the package, which imports that submodule,
+    and the import would then run the submodule a second time (registering its op attributes
+    twice is an error).
+    """
+
+    def __init__(self, loader: importlib.abc.Loader) -> None:
+        self._loader = loader
+
+    def create_module(self, spec: ModuleSpec) -> ModuleType | None:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        def run_then_read(name: str) -> Any:
+            del module.__dict__["__getattr__"]
+            self._loader.exec_module(module)
+            return getattr(module, name)
+
+        module.__dict__["__getattr__"] = run_then_read
+
+
+class _DeferringFinder(importlib.abc.MetaPathFinder):
+    """Finds the deferred packages where Python would and hands them a loader that waits."""
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> ModuleSpec | None:
+        if fullname not in DEFERRED:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None:
+            return spec
+        spec.loader = _RunOnFirstRead(spec.loader)
+        return spec
+
+
+def defer_frontends() -> None:
+    """Import ``tvm.relay`` with :data:`DEFERRED` loaded on first use.
+
+    Does nothing when Relay is already imported (the caller imported it first, eagerly).
+    """
+    if "tvm.relay" in sys.modules:
+        return
+    finder = _DeferringFinder()
+    sys.meta_path.insert(0, finder)
+    try:
+        import tvm.relay  # noqa: F401
+    finally:
+        sys.meta_path.remove(finder)
+
+
+defer_frontends()
