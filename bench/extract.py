@@ -16,6 +16,9 @@ timed). ``--input-shapes`` applies to every file model, as in the CLI. Peak RSS 
 process's peak during the extraction (on Linux; elsewhere the whole process's), which counts
 the loaded model but not the peak of loading it.
 
+The default run ends with the CLI's default job (``relay-tasks extract``, ResNet-50) timed as a
+whole process, and the part of it that is importing ``relay_tasks.cli``.
+
 Upstream's AutoTVM and Ansor extraction cannot compile for CUDA on this TVM build (see
 tests/cuda_schedules.py): their CUDA rows show upstream's (partial) result, marked unequal.
 """
@@ -188,7 +191,28 @@ def main() -> int:
             for tname in args.targets:
                 row = _row(tuner, sources[name], tname, args.repeat, args.input_shapes)
                 print(f"{tuner:<14}{Path(name).name:<22}{tname:<7}{row}", flush=True)
+    if not args.models and not args.sweep:
+        print(_whole_process(args.repeat))
     return 0
+
+
+def _whole_process(repeat: int) -> str:
+    """The CLI's default job as a user runs it, and the part of it that is importing."""
+    job = "import sys; from relay_tasks.cli import main; sys.exit(main(['extract']))"
+    seconds = {
+        name: statistics.median(_wall([sys.executable, "-c", code]) for _ in range(repeat))
+        for name, code in (("job", job), ("import", "import relay_tasks.cli"))
+    }
+    return (
+        f"\nrelay-tasks extract (resnet-50), whole process: {seconds['job']:.2f} s, "
+        f"of which importing relay_tasks.cli {seconds['import']:.2f} s"
+    )
+
+
+def _wall(cmd: list[str]) -> float:
+    started = time.perf_counter()
+    subprocess.run(cmd, check=True, capture_output=True)
+    return time.perf_counter() - started
 
 
 def _source(name: str, cache: Path) -> str:
