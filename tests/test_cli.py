@@ -292,6 +292,14 @@ def test_usage_errors_exit_2(capsys) -> None:
     with pytest.raises(SystemExit):
         main(["frobnicate"])
     assert "argument VERB: invalid choice: 'frobnicate'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["compile"])
+    assert "required: MODEL, --work-dir, -o/--output" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["status", "--work-dir", "w", "--model-format", "yaml"])
+    usage = " ".join(capsys.readouterr().err.split())  # argparse wraps the usage lines
+    assert usage.startswith("usage: relay-tasks status [-h]")
+    assert "--work-dir WORK_DIR [--plot FILE.png] [MODEL ...]" in usage
 
 
 @pytest.mark.parametrize("tuner", ["autotvm", "ansor"])
