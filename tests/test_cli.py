@@ -300,6 +300,12 @@ def test_usage_errors_exit_2(capsys) -> None:
     usage = " ".join(capsys.readouterr().err.split())  # argparse wraps the usage lines
     assert usage.startswith("usage: relay-tasks status [-h]")
     assert "--work-dir WORK_DIR [--plot FILE.png] [MODEL ...]" in usage
+    with pytest.raises(SystemExit):
+        main(["tune", "--tuner", "nope"])
+    assert "[--rpc-tracker HOST:PORT] [--rpc-key KEY]" in " ".join(capsys.readouterr().err.split())
+    with pytest.raises(SystemExit):
+        main(["serve", "--port", "nope"])
+    assert "serve [-h] --tracker HOST:PORT --key KEY" in " ".join(capsys.readouterr().err.split())
 
 
 @pytest.mark.parametrize("tuner", ["autotvm", "ansor"])
