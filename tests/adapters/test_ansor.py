@@ -121,8 +121,13 @@ def test_registry_takes_target_before_params_like_every_tuner() -> None:
 
 def test_upstreams_argument_order_is_refused_with_the_house_order_named() -> None:
     mod, params = load("dense_softmax")
-    with pytest.raises(UsageError, match=r"takes \(mod, target, params\)"):
+    with pytest.raises(UsageError) as refused:
         extract_tasks(mod, params, X86)
+    message = str(refused.value)
+    assert message.startswith("relay_tasks.ansor.extract_tasks takes (mod, target, params);")
+    # the fix: what the arguments look like, and where upstream's order is taken
+    assert "in upstream's order (mod, params, target)" in message
+    assert message.endswith("auto_scheduler.extract_tasks takes with relay_tasks.install()")
 
 
 def test_a_shape_that_reads_a_tensor_is_one_extraction_error() -> None:
