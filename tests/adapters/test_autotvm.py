@@ -14,6 +14,7 @@ from relay_tasks.adapters import get_adapter
 from relay_tasks.autotvm import extract_tasks
 
 import oracles
+from checks import assert_autotvm_matches
 from cuda_schedules import cuda_injective_schedules
 from zoo import CUDA, X86, load, model_target_rows
 
@@ -284,6 +285,31 @@ def _three_parallel_dense() -> tuple[tvm.IRModule, dict]:
     return tvm.IRModule.from_expr(relay.Function([data, *weights], out)), params
 
 
+def _low_rank_update() -> tuple[tvm.IRModule, dict]:
+    """A second layer whose weight is computed from weights (W + A B^T, a merged low-rank
+    adapter). Bound, FoldConstant computes that dense, tracing its templates first; unbound,
+    they are traced where the dense is called, after the first layer's."""
+    import numpy as np
+
+    rng = np.random.default_rng(5)
+    shapes = {"w1": (16, 16), "w": (16, 16), "a": (16, 4), "b": (16, 4)}
+    x = relay.var("x", shape=(1, 16))
+    w1, w, a, b = (relay.var(n, shape=s) for n, s in shapes.items())
+    hidden = relay.nn.dense(x, w1)
+    out = relay.nn.dense(hidden, relay.add(w, relay.nn.dense(a, b)))
+    mod = tvm.IRModule.from_expr(relay.Function([x, w1, w, a, b], out))
+    params = {n: tvm.nd.array(rng.standard_normal(s).astype("float32")) for n, s in shapes.items()}
+    return mod, params
+
+
+def test_weights_computed_from_weights_are_traced_where_upstream_folds_them() -> None:
+    mod, params = _low_rank_update()
+    bound = assert_autotvm_matches(mod, params, X86)
+    assert bound[0][1][0] == ("TENSOR", (16, 4), "float32")  # the folded dense's, first
+    unbound = [(t.name, t.args) for t in extract_tasks(mod, X86, None)]
+    assert sorted(unbound) == sorted(bound) and unbound != bound  # the params decide the order
+
+
 def test_several_models_equal_upstreams_multiple_program_extraction() -> None:
     """Models, one repeated, whose tasks depend on the opt_level (3 parallel dense combine at
     4); a template shared between them is found once, in upstream's order; the ops filter
@@ -309,6 +335,17 @@ def test_several_models_equal_upstreams_multiple_program_extraction() -> None:
     assert [t.name for t in only] == [t.name for t in ours if "dense" in t.name] != []
     with pytest.raises(ValueError):
         extract_tasks_from_models(mods, params[:2], X86)  # a model without its params entry
+    # Each model's params are bound, the first's and the others' (they decide the order).
+    for models in (
+        [_low_rank_update(), load("dense_softmax")],
+        [load("dense_softmax"), _low_rank_update()],
+    ):
+        mods, params = [m for m, _ in models], [p for _, p in models]
+        upstream = autotvm.task.extract_from_multiple_program(
+            [oracles.copy_module(m)["main"] for m in mods], params, X86
+        )
+        ours = extract_tasks_from_models(mods, params, X86)
+        assert [(t.name, t.args) for t in ours] == [(t.name, t.args) for t in upstream]
 
 
 def test_task_payloads_round_trip_and_malformed_ones_are_refused() -> None:
