@@ -211,17 +211,30 @@ def test_measurements_are_read_from_autotvms_own_log(tmp_path) -> None:
 
 
 @pytest.mark.xdist_group("tuning")
-def test_tune_spends_the_budget_on_valid_measurements_and_builds_with_them(tmp_path) -> None:
-    """Every template tuned: the build finds a record for each (no default schedule)."""
+def test_tune_spends_the_budget_on_valid_measurements_and_builds_with_them(
+    tmp_path, monkeypatch
+) -> None:
+    """Every template tuned: the build finds a record for each (no default schedule). A resumed
+    tune starts each tuner's cost model from the records already in the log."""
     import logging
 
     from tvm.autotvm.task.dispatcher import DispatchContext
 
     from tuned_models import assert_runs_as_numpy, tune_in_process
 
+    seeded: list[int] = []
+    load_history = autotvm.tuner.XGBTuner.load_history
+    monkeypatch.setattr(
+        autotvm.tuner.XGBTuner,
+        "load_history",
+        lambda tuner, history, **kw: (
+            seeded.append(len(history)) or load_history(tuner, history, **kw)
+        ),
+    )
     # 3 trials: 2 for the first template, 1 for the second; resumed to 4, only the second
     # gets one more.
     tuned = tune_in_process("autotvm", tmp_path, [3, 4])
+    assert seeded == [3]  # the resume, for the one template it tunes
     valid = [(task, s) for task, s in tuned.records if s is not None]
     assert all(0 < s < 1 for _, s in valid)
     first, second = dict.fromkeys(task for task, _ in tuned.records)
