@@ -222,19 +222,20 @@ def test_tune_spends_the_budget_on_valid_measurements_and_builds_with_them(
 
     from tuned_models import assert_runs_as_numpy, tune_in_process
 
-    seeded: list[int] = []
+    seeded: list[tuple[int, bool]] = []
     load_history = autotvm.tuner.XGBTuner.load_history
     monkeypatch.setattr(
         autotvm.tuner.XGBTuner,
         "load_history",
         lambda tuner, history, **kw: (
-            seeded.append(len(history)) or load_history(tuner, history, **kw)
+            load_history(tuner, history, **kw),
+            seeded.append((len(history), tuner.cost_model.base_model is not None)),
         ),
     )
     # 3 trials: 2 for the first template, 1 for the second; resumed to 4, only the second
     # gets one more.
     tuned = tune_in_process("autotvm", tmp_path, [3, 4])
-    assert seeded == [3]  # the resume, for the one template it tunes
+    assert seeded == [(3, True)]  # the resume, for the one template it tunes: a fitted model
     valid = [(task, s) for task, s in tuned.records if s is not None]
     assert all(0 < s < 1 for _, s in valid)
     first, second = dict.fromkeys(task for task, _ in tuned.records)
