@@ -479,13 +479,15 @@ def refuse_placeholders(fused: tvm.IRModule, unfilled: Mapping[int, relay.Consta
     functions only with ``link-params``, when nothing is deferred; this guards that rule)."""
     if not unfilled:
         return
+    # By buffer, not by node: FuseOps rebuilds the Constant nodes around the same arrays.
+    buffers = {_buffer(const.data) for const in unfilled.values()}
     found: list[str] = []
 
     def visit(node: Any) -> None:
         if isinstance(node, relay.Function) and is_primitive_task(node):
             inner: list[Any] = []
             relay.analysis.post_order_visit(node.body, inner.append)
-            if any(isinstance(n, relay.Constant) and n.handle.value in unfilled for n in inner):
+            if any(isinstance(n, relay.Constant) and _buffer(n.data) in buffers for n in inner):
                 found.append(str(node.attrs["hash"]) if "hash" in node.attrs else "a function")
 
     for func in fused.functions.values():
@@ -607,6 +609,11 @@ def _is_large(ttype: Any) -> bool:
     if not all(isinstance(d, tvm.tir.IntImm) for d in dims):
         return False
     return int(np.prod([int(d) for d in dims])) >= DEFER_MIN_ELEMENTS
+
+
+def _buffer(data: tvm.nd.NDArray) -> int:
+    """The address of an NDArray's bytes: the identity of what a constant holds."""
+    return int(data.handle.contents.data or 0)
 
 
 def _view(data: tvm.nd.NDArray) -> Array:

@@ -793,7 +793,15 @@ def test_an_unfilled_placeholder_inside_a_fused_function_is_named() -> None:
     outside = relay.add(relay.Call(fused, [y]), placeholder)  # outside a fused function: fine
     mod = tvm.IRModule.from_expr(relay.Function([y], outside))
     refuse_placeholders(mod, {})
-    refuse_placeholders(mod, {12345: placeholder})  # keyed by another object: not this one
+    lookalike = relay.Constant(tvm.nd.empty((8,), "float32"))  # same type, another buffer
+    refuse_placeholders(mod, {lookalike.handle.value: lookalike})
+    rebuilt = relay.Function([x], relay.add(x, relay.Constant(placeholder.data)))  # as FuseOps does
+    rebuilt = rebuilt.with_attr("Primitive", 1).with_attr("hash", "0ddba11")
+    with pytest.raises(ExtractionError, match="inside 0ddba11;"):
+        refuse_placeholders(
+            tvm.IRModule.from_expr(relay.Function([y], relay.Call(rebuilt, [y]))),
+            {placeholder.handle.value: placeholder},
+        )
     plain = tvm.IRModule.from_expr(relay.Function([y], outside.args[1] + y))
     refuse_placeholders(plain, {placeholder.handle.value: placeholder})
     with pytest.raises(ExtractionError) as caught:

@@ -10,11 +10,15 @@ import tvm
 from tvm import relay
 from tvm.ir.instrument import pass_instrument
 
-from relay_tasks import simplify
+from relay_tasks import ExtractionError, simplify
+from relay_tasks.adapters.meta_schedule import DEFAULT_PASS_CONFIG
 from relay_tasks.inputs import as_module
 from relay_tasks.pipeline import (
     Group,
+    PassSettings,
     bind_params,
+    extraction_scope,
+    optimize,
     pass_prefix,
     run_passes,
 )
@@ -419,3 +423,34 @@ def test_the_prefix_leaves_what_upstreams_leaves(build: Any) -> None:
     assert tvm.ir.structural_equal(ours, theirs)
     before = _op_calls(mod["main"], _COMBINED)
     assert before == 0 or _op_calls(ours["main"], _COMBINED) == 1  # the branches combined
+
+
+def test_a_required_infer_type_runs_only_when_the_module_changed(monkeypatch) -> None:
+    """Upstream's Sequential would infer types four times here; nothing changes the functions
+    after the first, so the runner infers them once."""
+    from relay_tasks import pipeline
+
+    names: list[str] = []
+    real = pipeline._named_pass
+    monkeypatch.setattr(pipeline, "_named_pass", lambda name: names.append(name) or real(name))
+    keep = tvm.transform.module_pass(
+        lambda mod, ctx: mod, opt_level=0, name="Keep", required=["InferType"]
+    )
+    simplify_inference = relay.transform.SimplifyInference()
+    mod = as_module(load("dense_softmax")[0])  # untyped
+    with tvm.transform.PassContext(opt_level=3):
+        run_passes([keep, keep, simplify_inference, simplify_inference], mod)
+    assert names == ["InferType"]
+
+
+def test_a_deferred_constant_inside_a_fused_function_stops_the_extraction(monkeypatch) -> None:
+    """The guard behind deferral: were the rule "no deferral when FuseOps links params" ever
+    broken, lowering would read an uninitialised buffer; the extraction fails instead."""
+    from relay_tasks import fold
+
+    monkeypatch.setattr(fold, "links_params", lambda mod, ctx: False)  # the rule, broken
+    mod, params = load("conv_bias_bn_relu")
+    config = {**DEFAULT_PASS_CONFIG, "relay.FuseOps.link_params": True}
+    scope = extraction_scope(tvm.target.Target(X86), PassSettings(config=config))
+    with scope, pytest.raises(ExtractionError, match="deferred and never computed is inside"):
+        optimize(as_module(mod), params)
