@@ -398,6 +398,8 @@ def test_arange(dtype: str, start: int, length: int, step: float) -> None:
         ("float32", 3, 2**23 + 1, 12),
         ("float32", 0.1, 1, 40),  # a fractional start
         ("float32", -5, 1, 10),
+        ("float32", 2**24 - 10, 1, 20),  # only the end passes 2**24
+        ("float32", 2**24 - 8, 1, 8),  # the end is 2**24 itself
     ],
 )
 def test_arange_is_folded_only_where_exact(dtype: str, start, step, length: int) -> None:
@@ -409,6 +411,24 @@ def test_arange_is_folded_only_where_exact(dtype: str, start, step, length: int)
         float(start).is_integer() and abs(start) + abs(step) * length < 2**24
     )
     assert (ours is not None) == exact
+
+
+@pytest.mark.parametrize(
+    ("value", "dtype", "exact"),
+    [
+        (np.float32(1e10), "int32", False),  # float to integer: overflow is the target's
+        (np.float64(2.5), "int64", False),
+        (np.int32(-3), "float32", True),  # integers round to nearest, as sitofp does
+        (np.uint8(200), "float64", True),
+        (np.int64(2**40 + 1), "int8", True),  # integers wrap, as trunc does
+        (np.int16(7), "float16", False),  # numpy rounds twice on the way
+        (np.float64(1.0), "float16", False),  # not TVM's conversion on this build
+    ],
+)
+def test_casts_are_done_here_only_where_numpy_converts_as_tvm_does(value, dtype, exact) -> None:
+    from relay_tasks.fold import _exact_cast
+
+    assert (_exact_cast(np.asarray(value), dtype) is not None) == exact
 
 
 def test_take_with_batch_dims_and_pad_with_negative_widths_are_left_to_tvm() -> None:
