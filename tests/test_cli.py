@@ -685,6 +685,23 @@ def test_serve_registers_at_the_tracker_until_interrupted(monkeypatch, capsys) -
     assert caught.value.code == 128 + signal.SIGTERM
 
 
+def test_the_readmes_command_reference_is_what_the_parser_prints() -> None:
+    """``./dev docs`` writes it; an option, default or help line changed in the parser alone
+    (or in the README alone) fails here until the reference is written again."""
+    import importlib.util
+
+    repo = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location("cli_reference", repo / "tools/cli_reference.py")
+    assert spec is not None and spec.loader is not None
+    reference = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(reference)
+    written = reference.section((repo / "README.md").read_text())
+    assert written, "README.md lost its command reference markers"
+    assert written == reference.render(), "the README's command reference is stale: ./dev docs"
+    for verb in ("extract", "tune", "status", "compile", "serve"):
+        assert f"usage: relay-tasks {verb} [-h]" in written
+
+
 def test_the_readme_documents_every_option_and_uses_only_real_ones() -> None:
     """Every verb and option the parser has is in the README (by one of its spellings), and
     every command line the README shows parses (so an option renamed on one side shows here)."""

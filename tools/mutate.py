@@ -14,13 +14,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -64,66 +62,6 @@ TEST_TIMEOUT = 120
 
 _KILLED = {"killed", "timeout", "segfault", "caught by type check"}
 
-#: The module that builds the CLI's argument parser.
-_PARSER_MODULE = "relay_tasks/cli.py"
-
-
-def _parser_skeleton(parser: argparse.ArgumentParser) -> list[Any]:
-    """Everything about a parser that changes what it accepts or how usage reads, not its prose
-    (``help``, ``description``)."""
-    shape: list[Any] = [parser.prog, parser.usage]
-    for action in parser._actions:
-        sub = isinstance(action, argparse._SubParsersAction)
-        shape.append(
-            [
-                type(action).__name__,
-                action.option_strings,
-                action.dest,
-                action.nargs,
-                repr(action.default),
-                getattr(action.type, "__name__", repr(action.type)),
-                None if sub else repr(action.choices),
-                action.required,
-                action.metavar,
-                repr(action.const),
-            ]
-        )
-        if isinstance(action, argparse._SubParsersAction):
-            shape.extend([n, _parser_skeleton(p)] for n, p in action._name_parser_map.items())
-    return shape
-
-
-def _same_parser_but_prose(names: list[str]) -> None:
-    """Run inside a scratch copy's ``mutants/``: prints the mutants whose parser differs from
-    the original's in its prose only (mutmut picks the mutant from the environment per call)."""
-    import os
-
-    from relay_tasks.cli import build_parser
-
-    os.environ["MUTANT_UNDER_TEST"] = ""
-    original = _parser_skeleton(build_parser())
-    for name in names:
-        os.environ["MUTANT_UNDER_TEST"] = name
-        try:
-            same = _parser_skeleton(build_parser()) == original
-        except Exception:
-            same = False
-        if same:
-            print(name)
-
-
-def _prose_only(where: Path, module: str, survivors: list[str]) -> list[str]:
-    """The survivors that change only what ``--help`` says: no command behaves differently and
-    no test reads the prose (a copy of it in a test would check only the copy)."""
-    if module != _PARSER_MODULE or not survivors:
-        return []
-    done = subprocess.run(
-        [sys.executable, str(REPO / "tools/mutate.py"), "--same-parser-but-prose", *survivors],
-        cwd=where / "mutants", env={**os.environ, "PYTHONPATH": str(where / "mutants")},
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    return sorted(done.stdout.split())
-
 
 def _scratch(module: str, tests: list[str], work: Path) -> Path:
     """A copy of the tracked files with mutmut told which module to mutate and which tests run."""
@@ -139,7 +77,7 @@ def _scratch(module: str, tests: list[str], work: Path) -> Path:
             shutil.copy2(REPO / name, where / name)
     config = {
         "source_paths": [module],
-        "also_copy": ["tests/", "bench/", "relay_tasks/", "README.md"],
+        "also_copy": ["tests/", "bench/", "tools/", "relay_tasks/", "README.md"],
         # A mutant can leave a tuner waiting forever, which no CPU-time limit ends.
         "pytest_add_cli_args": [
             "-n",
@@ -197,25 +135,12 @@ def mutate(module: str, work: Path, children: int, resume: bool = False) -> dict
     counts = Counter(statuses.values())
     killed = sum(counts[s] for s in _KILLED)
     survivors = sorted(n for n, s in statuses.items() if s not in _KILLED)
-    checked = [n for n in survivors if statuses[n] != "not checked"]  # else mutmut stopped early
-    help_only = _prose_only(where, module, checked)
     print(f"\n## {module}: {killed}/{len(statuses)} killed ({killed / max(len(statuses), 1):.1%})")
     print("   " + ", ".join(f"{status} {count}" for status, count in sorted(counts.items())))
-    if help_only:
-        rest = len(statuses) - len(help_only)
-        print(
-            f"   {len(help_only)} survivors change only --help prose; without them "
-            f"{killed}/{rest} ({killed / max(rest, 1):.1%})"
-        )
-    for name in checked:
-        if name not in help_only:
+    for name in survivors:
+        if statuses[name] != "not checked":  # mutmut stopped before it (e.g. a failing test)
             print(f"\n{name} ({statuses[name]})\n{_diff(where, name)}")
-    return {
-        "killed": killed,
-        "total": len(statuses),
-        "survivors": survivors,
-        "help_prose_only": help_only,
-    }
+    return {"killed": killed, "total": len(statuses), "survivors": survivors}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -227,11 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--resume", action="store_true", help="go on with a module's stopped run where it stopped"
     )
-    parser.add_argument("--same-parser-but-prose", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.same_parser_but_prose:
-        _same_parser_but_prose(args.same_parser_but_prose)
-        return 0
     unknown = [m for m in args.modules if m not in TARGETS]
     if unknown:
         parser.error(f"not a module with a mutation target: {', '.join(unknown)}")
