@@ -337,12 +337,10 @@ def _remote(tracker: tuple[str, int], key: str) -> Any:
 
 def _serve(args: argparse.Namespace) -> int:
     from .rpc import start_server
-    from .tuning.tune import parse_tracker
+    from .tuning.tune import parse_address
 
-    tracker = parse_tracker(args.tracker, args.key)
-    if tracker is None:  # pragma: no cover - argparse requires --tracker
-        raise UsageError("serve needs --tracker HOST:PORT")
-    server = start_server(tracker, args.key, host=args.host, port=args.port)
+    server = start_server(parse_address(args.tracker, args.key), args.key, host=args.host,
+                          port=args.port)  # fmt: skip
     print(f"serving as {args.key!r} at {args.host}:{server.port} for tracker "
           f"{args.tracker} (Ctrl-C stops)", file=sys.stderr)  # fmt: skip
     # SIGTERM ends the server child too (by default it would leave it running, orphaned).

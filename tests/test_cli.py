@@ -662,7 +662,8 @@ def test_serve_registers_at_the_tracker_until_interrupted(monkeypatch, capsys) -
         started.append((tracker, key, host, port))
         return Server()
 
-    def interrupted(_seconds: float) -> None:
+    def interrupted(seconds: float) -> None:
+        assert seconds > 0  # as time.sleep requires
         raise KeyboardInterrupt
 
     handlers: dict[int, object] = {}
@@ -683,6 +684,11 @@ def test_serve_registers_at_the_tracker_until_interrupted(monkeypatch, capsys) -
     with pytest.raises(SystemExit) as caught:
         handlers[signal.SIGTERM](signal.SIGTERM, None)
     assert caught.value.code == 128 + signal.SIGTERM
+    # A bad address is named in serve's own spelling of the options.
+    assert main(["serve", "--tracker", "h", "--key", "k"]) == EXIT_USAGE
+    assert capsys.readouterr().err == (
+        "relay-tasks: error: cannot use RPC tracker 'h': give --tracker HOST:PORT and --key KEY\n"
+    )
 
 
 def test_the_readmes_command_reference_is_what_the_parser_prints() -> None:

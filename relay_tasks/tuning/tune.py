@@ -117,14 +117,23 @@ def work_folder(work_dir: str | Path) -> Path:
 
 
 def parse_tracker(address: str | None, key: str | None) -> tuple[str, int] | None:
+    """``--rpc-tracker`` and ``--rpc-key``: both or neither."""
     if address is None:
         if key is not None:
             raise UsageError("--rpc-key needs --rpc-tracker HOST:PORT")
         return None
+    return parse_address(address, key, ("--rpc-tracker", "--rpc-key"))
+
+
+def parse_address(
+    address: str, key: str | None, spelled: tuple[str, str] = ("--tracker", "--key")
+) -> tuple[str, int]:
+    """A tracker's ``HOST:PORT``, the error naming the options as the command spells them."""
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit() or key is None:
+        option, key_option = spelled
         raise UsageError(
-            f"cannot use RPC tracker {address!r}: give --rpc-tracker HOST:PORT and --rpc-key KEY"
+            f"cannot use RPC tracker {address!r}: give {option} HOST:PORT and {key_option} KEY"
         )
     return host, int(port)
 
