@@ -176,9 +176,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("relay-tasks: interrupted", file=sys.stderr)
         return 130
     except Exception as err:
-        first = str(err).strip().splitlines()
+        lines = str(err).strip().splitlines()
+        said = f": {lines[-1]}" if lines else ""  # the last line of a TVM error says what
         print(
-            f"relay-tasks: internal error: {type(err).__name__}: {first[-1] if first else ''} "
+            f"relay-tasks: internal error: {type(err).__name__}{said} "
             "(please report this with the command you ran)",
             file=sys.stderr,
         )

@@ -208,7 +208,13 @@ def _bad_params(tmp_path: Path) -> list[str]:
                 "c:[1]",
             ],
             UsageError.exit_code,
-            "--input-shapes given 3 times for 2 models",
+            "--input-shapes given 3 times for 2 models: give it once (for every model) or once "
+            "per model, in order",
+        ),
+        (
+            ["extract", "{tiny}", "--input-shapes", "data:[1,8]:float16"],  # the dtype reaches it
+            ModelError.exit_code,
+            "tiny.relay: the model does not type-check with these input shapes",
         ),
         (
             ["extract", "{tiny}", "--input-shapes", "image:[1,8]"],
@@ -236,6 +242,7 @@ def _bad_params(tmp_path: Path) -> list[str]:
         "shape-not-integers",
         "shape-syntax",
         "shapes-per-model-count",
+        "shape-dtype-that-does-not-type-check",
         "shape-for-no-input",
         "module-equality-for-autotvm",
     ],
@@ -737,13 +744,22 @@ def test_an_unexpected_failure_is_one_line_asking_for_a_report(monkeypatch, caps
     import relay_tasks.cli as cli
 
     def broken(_args):
-        raise RuntimeError("first line\nthe last line says what")
+        raise RuntimeError("first line\nsecond line\nthe last line says what\n")
 
     monkeypatch.setattr(cli, "_extract", broken)
     assert main(["extract"]) == cli.EXIT_INTERNAL == 70
     assert capsys.readouterr().err == (
         "relay-tasks: internal error: RuntimeError: the last line says what (please report this "
         "with the command you ran)\n"
+    )
+
+    def silent(_args):
+        raise RuntimeError()
+
+    monkeypatch.setattr(cli, "_extract", silent)
+    assert main(["extract"]) == cli.EXIT_INTERNAL
+    assert capsys.readouterr().err == (
+        "relay-tasks: internal error: RuntimeError (please report this with the command you ran)\n"
     )
 
 
