@@ -431,6 +431,22 @@ def test_casts_are_done_here_only_where_numpy_converts_as_tvm_does(value, dtype,
     assert (_exact_cast(np.asarray(value), dtype) is not None) == exact
 
 
+def test_a_result_that_disagrees_with_the_calls_type_is_not_trusted(monkeypatch) -> None:
+    """The call's type has the last word: a result of another dtype, or of the right size but
+    another shape, is left to TVM (an evaluator bug must not become a wrong constant)."""
+    from relay_tasks import fold
+
+    x = np.arange(6, dtype="float32").reshape(2, 3)
+    transpose = relay.transpose(_const(x))
+    add = relay.add(_const(x), _const(x))
+    monkeypatch.setitem(fold.EVALUATORS, "transpose", lambda attrs, args: args[0].copy())
+    monkeypatch.setitem(fold.EVALUATORS, "add", lambda attrs, args: args[0].astype("float64"))
+    for call in (transpose, add):
+        assert (
+            evaluate_call(call, [x] * len(call.args), relay.transform.InferTypeLocal(call)) is None
+        )
+
+
 def test_take_with_batch_dims_and_pad_with_negative_widths_are_left_to_tvm() -> None:
     x = np.arange(24, dtype="float32").reshape(2, 3, 4)
     indices = np.array([[0, 2], [1, 5]], "int32")
