@@ -283,6 +283,11 @@ def test_params_that_match_nothing_fail_in_one_line(tiny_model, tmp_path, capsys
     )
 
 
+def _unwrapped(text: str) -> str:
+    """argparse wraps usage lines at the terminal's width: one line, single spaces."""
+    return " ".join(text.split())
+
+
 def test_usage_errors_exit_2(capsys) -> None:
     with pytest.raises(SystemExit) as exit_info:
         main(["extract", "--format", "yaml"])
@@ -304,15 +309,15 @@ def test_usage_errors_exit_2(capsys) -> None:
     assert "required: MODEL, --work-dir, -o/--output" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["status", "--work-dir", "w", "--model-format", "yaml"])
-    usage = " ".join(capsys.readouterr().err.split())  # argparse wraps the usage lines
+    usage = _unwrapped(capsys.readouterr().err)
     assert usage.startswith("usage: relay-tasks status [-h]")
     assert "--work-dir WORK_DIR [--plot FILE.png] [MODEL ...]" in usage
     with pytest.raises(SystemExit):
         main(["tune", "--tuner", "nope"])
-    assert "[--rpc-tracker HOST:PORT] [--rpc-key KEY]" in " ".join(capsys.readouterr().err.split())
+    assert "[--rpc-tracker HOST:PORT] [--rpc-key KEY]" in _unwrapped(capsys.readouterr().err)
     with pytest.raises(SystemExit):
         main(["serve", "--port", "nope"])
-    assert "serve [-h] --tracker HOST:PORT --key KEY" in " ".join(capsys.readouterr().err.split())
+    assert "serve [-h] --tracker HOST:PORT --key KEY" in _unwrapped(capsys.readouterr().err)
 
 
 @pytest.mark.parametrize("tuner", ["autotvm", "ansor"])

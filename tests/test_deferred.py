@@ -34,12 +34,17 @@ print(json.dumps({{"tasks": tasks, "waiting": waiting}}))
 """
 
 
-def _extract_all(first: str) -> dict[str, Any]:
-    code = _EXTRACT_ALL.format(first=first, tests=str(TESTS), deferred=DEFERRED)
+def _python(code: str) -> str:
+    """What a fresh interpreter prints running ``code`` (relay-tasks' import acts once per process)."""
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=TESTS
     )
-    found: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
+    return done.stdout
+
+
+def _extract_all(first: str) -> dict[str, Any]:
+    code = _EXTRACT_ALL.format(first=first, tests=str(TESTS), deferred=DEFERRED)
+    found: dict[str, Any] = json.loads(_python(code).splitlines()[-1])
     return found
 
 
@@ -66,8 +71,7 @@ def test_a_deferred_package_runs_when_a_name_in_it_is_first_read() -> None:
         "import tvm.relay.frontend.onnx as onnx\n"
         "print(onnx is relay.frontend.onnx, relay.op.contrib.dnnl.make_conv_pattern is make_conv_pattern)\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert done.stdout.splitlines() == [
+    assert _python(code).splitlines() == [
         "[True, True]",
         "[True, True]",
         "from_onnx [False, False]",
@@ -77,5 +81,4 @@ def test_a_deferred_package_runs_when_a_name_in_it_is_first_read() -> None:
 
 def test_nothing_is_deferred_when_relay_was_imported_first() -> None:
     code = "import sys, tvm.relay, relay_tasks\nprint('__getattr__' in vars(sys.modules['tvm.relay.frontend']))"
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert done.stdout.strip() == "False"
+    assert _python(code).strip() == "False"

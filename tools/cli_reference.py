@@ -23,7 +23,6 @@ WIDTH = 100
 
 def render() -> str:
     """Every ``--help``, top level first, then each verb in the parser's order."""
-    sys.path.insert(0, str(REPO))
     from relay_tasks.cli import build_parser
 
     columns = os.environ.get("COLUMNS")
