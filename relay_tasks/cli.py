@@ -342,11 +342,12 @@ def _serve(args: argparse.Namespace) -> int:
 
     server = start_server(parse_address(args.tracker, args.key), args.key, host=args.host,
                           port=args.port)  # fmt: skip
-    print(f"serving as {args.key!r} at {args.host}:{server.port} for tracker "
-          f"{args.tracker} (Ctrl-C stops)", file=sys.stderr)  # fmt: skip
-    # SIGTERM ends the server child too (by default it would leave it running, orphaned).
+    # SIGTERM ends the server child too (by default it would leave it running, orphaned); set
+    # before the line below, which tells whoever waits for it that signals are handled.
     signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     try:
+        print(f"serving as {args.key!r} at {args.host}:{server.port} for tracker "
+              f"{args.tracker} (Ctrl-C stops)", file=sys.stderr)  # fmt: skip
         while True:
             time.sleep(3600)
     finally:

@@ -3,9 +3,10 @@
 Upstream's ``FoldConstant`` evaluates every call whose arguments are all constants by compiling it
 with LLVM and running it (a fresh build and MCJIT load per call: about 80% of upstream's
 extraction time). The weights-side arithmetic that reaches it (batch-norm folding, layout changes
-of weights) is IEEE-exact in numpy, so this module evaluates those calls directly and leaves the
-rest, and every structural subtlety of the pass (let-inlining, tuples, ``if``, ``shape_of``),
-to TVM's own ``FoldConstant``, which then runs over a graph with nothing left to compile.
+of weights, position-id arithmetic) is exact in numpy, so this module evaluates those calls
+directly and leaves the rest, and every structural subtlety of the pass (let-inlining, tuples,
+``if``, ``shape_of``), to TVM's own ``FoldConstant``; when nothing of that kind is left, TVM's
+pass is skipped and the module only typed, which is all it would have done.
 
 A call is folded here only when its op has an evaluator below, its inputs are free of NaN (whose
 payload is not portable), and the result has exactly the shape and dtype Relay inferred for the
@@ -32,7 +33,7 @@ from .ir import is_primitive_task, rebuild, with_functions
 Array = npt.NDArray[Any]
 Evaluator = Callable[[Any, Sequence[Array]], Array | None]
 
-#: Dtypes whose arithmetic is done here; others (float16, integers) go to TVM.
+#: Dtypes whose arithmetic is done here; others (float16, integers but see below) go to TVM.
 _ARITH_DTYPES = frozenset({"float32", "float64"})
 
 
@@ -50,6 +51,29 @@ def _elementwise(fn: Callable[..., Array], attrs: Any, args: Sequence[Array]) ->
     with np.errstate(all="ignore"):
         fn(*args, out=out)
     return out
+
+
+#: Integer dtypes whose add and subtract are done here (position ids and shape arithmetic in
+#: frontend graphs), when nothing overflows: TVM's LLVM code adds with no signed wrap, so an
+#: overflow has no defined value to match.
+_INT_DTYPES = frozenset({"int32", "int64"})
+
+
+def _sum(fn: Callable[..., Array]) -> Evaluator:
+    return functools.partial(_exact_sum, fn)
+
+
+def _exact_sum(fn: Callable[..., Array], attrs: Any, args: Sequence[Array]) -> Array | None:
+    """``add`` or ``subtract``: floats as any arithmetic op, integers when no element wraps."""
+    a, b = args
+    if str(a.dtype) not in _INT_DTYPES or b.dtype != a.dtype:
+        return _elementwise(fn, attrs, args)
+    out = aligned_empty(np.broadcast_shapes(a.shape, b.shape), a.dtype)
+    fn(a, b, out=out)  # numpy wraps; the sign test below finds every wrapped element
+    # Wrapped: a sum whose sign differs from both operands'; a difference of operands of
+    # different signs whose sign differs from the first's.
+    wrapped = (a ^ out) & (b ^ out) if fn is np.add else (a ^ b) & (a ^ out)
+    return None if out.size and wrapped.min() < 0 else out
 
 
 def _negative(x: Array, *, out: Array) -> Array:
@@ -277,6 +301,22 @@ def _where(attrs: Any, args: Sequence[Array]) -> Array:
     return np.where(condition != 0, x, y)
 
 
+#: Operand kinds compared here: exact in any representation (NaN inputs never get this far).
+_COMPARABLE = frozenset({"float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool"})
+
+
+def _compare(fn: Callable[..., Array]) -> Evaluator:
+    return functools.partial(_comparison, fn)
+
+
+def _comparison(fn: Callable[..., Array], attrs: Any, args: Sequence[Array]) -> Array | None:
+    a, b = args
+    if str(a.dtype) not in _COMPARABLE or b.dtype != a.dtype:
+        return None
+    result: Array = fn(a, b)
+    return result
+
+
 def _repeat(attrs: Any, args: Sequence[Array]) -> Array:
     (x,) = args
     return np.repeat(x, int(attrs.repeats), axis=int(attrs.axis))
@@ -321,8 +361,8 @@ def _arange(attrs: Any, args: Sequence[Array]) -> Array | None:
 
 
 EVALUATORS: dict[str, Evaluator] = {
-    "add": _arith(np.add),
-    "subtract": _arith(np.subtract),
+    "add": _sum(np.add),
+    "subtract": _sum(np.subtract),
     "multiply": _arith(np.multiply),
     "divide": _arith(np.divide),
     "negative": _arith(_negative),
@@ -341,6 +381,12 @@ EVALUATORS: dict[str, Evaluator] = {
     "take": _take,
     "arange": _arange,
     "where": _where,
+    "less": _compare(np.less),
+    "greater": _compare(np.greater),
+    "less_equal": _compare(np.less_equal),
+    "greater_equal": _compare(np.greater_equal),
+    "equal": _compare(np.equal),
+    "not_equal": _compare(np.not_equal),
     "concatenate": _concatenate,
     "nn.pad": _pad,
     "cast": _cast,
@@ -689,7 +735,66 @@ def fold_module(mod: tvm.IRModule, ctx: tvm.transform.PassContext, last: bool) -
             folded = prefold_function(func, defer=defer)
             if not folded.same_as(func):
                 updates[gvar] = folded
-    return relay.transform.FoldConstant()(with_functions(mod, updates))
+    folded = with_functions(mod, updates)
+    if any(_tvm_would_fold(f) for f in folded.functions.values()):
+        return relay.transform.FoldConstant()(folded)
+    # TVM's pass would return each function as it is, then type the module, as every Relay
+    # function pass does.
+    if updates or not _typed(folded):
+        return relay.transform.InferType()(folded)
+    return folded
+
+
+def _typed(mod: tvm.IRModule) -> bool:
+    """Whether type inference has run on every Relay function of ``mod`` (nodes are immutable,
+    so a typed function stays typed)."""
+    for func in mod.functions.values():
+        if isinstance(func, relay.Function):
+            try:
+                func.checked_type  # noqa: B018 (raises when the function was never typed)
+            except ValueError:
+                return False
+    return True
+
+
+def _tvm_would_fold(func: Any) -> bool:
+    """Whether TVM's ``FoldConstant`` could change ``func``: False only when nothing in it is of
+    a kind that pass rewrites, so that skipping it (a walk and a re-typing of the whole graph, a
+    quarter of a transformer's extraction) returns what it would have.
+
+    Conservative: any ``let``, ``if``, tuple projection of a tuple literal, ``on_device``,
+    shape query or primitive function counts, whatever its operands; so does any op call whose
+    arguments are all constants or tuples of them, whether or not TVM would evaluate it.
+    """
+    if not isinstance(func, relay.Function):
+        return False
+    found = False
+
+    def visit(node: Any) -> None:
+        nonlocal found
+        if found:
+            return
+        if isinstance(node, (relay.Let, relay.If)):
+            found = True
+        elif isinstance(node, relay.TupleGetItem):
+            found = isinstance(node.tuple_value, relay.Tuple)
+        elif isinstance(node, relay.Function):
+            found = _needs_tvm(node)
+        elif isinstance(node, relay.Call) and isinstance(node.op, tvm.ir.Op):
+            found = (
+                node.op.name in _TYPE_DEPENDENT_OPS
+                or node.op.name == "on_device"
+                or (bool(node.args) and all(_is_constant_tree(a) for a in node.args))
+            )
+
+    relay.analysis.post_order_visit(func, visit)
+    return found
+
+
+def _is_constant_tree(expr: relay.Expr) -> bool:
+    if isinstance(expr, relay.Tuple):
+        return all(_is_constant_tree(f) for f in expr.fields)
+    return isinstance(expr, relay.Constant)
 
 
 # The pass decorator replaces the class, which mutation tools cannot instrument: the work is in

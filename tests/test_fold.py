@@ -7,6 +7,7 @@ budget; set ``RELAY_TASKS_FOLD_EXAMPLES`` for more).
 
 from __future__ import annotations
 
+import operator
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,6 +22,7 @@ from hypothesis.extra import numpy as hnp
 from tvm import relay
 from tvm.ir.instrument import pass_instrument
 
+from relay_tasks import fold
 from relay_tasks.adapters.meta_schedule import DEFAULT_PASS_CONFIG
 from relay_tasks.fold import EVALUATORS, evaluate_call, layout_transform, prefold_function
 from relay_tasks.inputs import as_module
@@ -110,12 +112,56 @@ def test_unary_arithmetic_is_bit_exact(op, dtype, shape, data) -> None:
 
 
 @FOLD
-@given(dtype=st.sampled_from(["float16", "int32", "int8"]), shape=shapes, data=st.data())
-def test_other_dtypes_go_to_tvm(dtype, shape, data) -> None:
-    elements = st.floats(-100, 100, width=16) if dtype == "float16" else st.integers(-100, 100)
+@given(
+    dtype_op=st.sampled_from(
+        [
+            ("float16", "add"),
+            ("int8", "add"),
+            ("uint32", "subtract"),
+            ("int32", "multiply"),
+            ("int64", "divide"),
+        ]
+    ),
+    shape=shapes,
+    data=st.data(),
+)
+def test_other_dtypes_go_to_tvm(dtype_op, shape, data) -> None:
+    dtype, op = dtype_op
+    elements = st.floats(-100, 100, width=16) if dtype == "float16" else st.integers(1, 100)
     a = data.draw(hnp.arrays(dtype, shape, elements=elements))
-    call = relay.add(_const(a), _const(a))
+    call = getattr(relay, op)(_const(a), _const(a))
     assert evaluate_call(call, [a, a], relay.transform.InferTypeLocal(call)) is None
+
+
+def _integers(dtype: str, shape: tuple[int, ...]) -> st.SearchStrategy[np.ndarray]:
+    info = np.iinfo(dtype)
+    edges = [info.min, info.min + 1, -1, 0, 1, info.max - 1, info.max]
+    small = st.integers(max(info.min, -1000), min(info.max, 1000))
+    elements = st.one_of(small, st.sampled_from([e for e in edges if e >= info.min]))
+    return hnp.arrays(dtype, shape, elements=elements)
+
+
+@pytest.mark.parametrize("op", ["add", "subtract"])
+@FOLD
+@given(
+    dtype=st.sampled_from(["int32", "int64"]),
+    shape_pair=hnp.mutually_broadcastable_shapes(num_shapes=2, max_dims=3, max_side=4),
+    data=st.data(),
+)
+def test_integer_sums_are_exact_or_left_to_tvm(op, dtype, shape_pair, data) -> None:
+    """Integer add and subtract are folded here unless an element overflows, which LLVM's
+    no-signed-wrap arithmetic leaves undefined: those go to TVM whatever it makes of them."""
+    a_shape, b_shape = shape_pair.input_shapes
+    a, b = data.draw(_integers(dtype, a_shape)), data.draw(_integers(dtype, b_shape))
+    exact = np.asarray(getattr(operator, op[:3])(a.astype(object), b.astype(object)))
+    info = np.iinfo(dtype)
+    overflows = bool(np.any((exact < info.min) | (exact > info.max)))
+    call = getattr(relay, op)(_const(a), _const(b))
+    ours = evaluate_call(call, [a, b], relay.transform.InferTypeLocal(call))
+    assert (ours is None) == overflows
+    if ours is not None:
+        _assert_same_bits(ours, _tvm_value(call))
+        assert np.array_equal(ours, exact.astype(dtype))
 
 
 def test_nan_inputs_go_to_tvm() -> None:
@@ -371,6 +417,27 @@ def test_where(condition, x, y) -> None:
     )
 
 
+@pytest.mark.parametrize(
+    "op", ["less", "greater", "less_equal", "greater_equal", "equal", "not_equal"]
+)
+@FOLD
+@given(
+    dtype=st.sampled_from(["float32", "float64", "int8", "int32", "int64", "uint8", "bool"]),
+    shape_pair=hnp.mutually_broadcastable_shapes(num_shapes=2, max_dims=3, max_side=4),
+    data=st.data(),
+)
+def test_comparisons(op, dtype, shape_pair, data) -> None:
+    """Causal masks compare position ids; -0.0 and 0.0 compare equal on both sides."""
+    a_shape, b_shape = shape_pair.input_shapes
+    if dtype.startswith("float"):
+        a, b = data.draw(_floats(dtype, a_shape)), data.draw(_floats(dtype, b_shape))
+    elif dtype == "bool":
+        a, b = data.draw(hnp.arrays(dtype, a_shape)), data.draw(hnp.arrays(dtype, b_shape))
+    else:
+        a, b = data.draw(_integers(dtype, a_shape)), data.draw(_integers(dtype, b_shape))
+    assert _check(getattr(relay, op)(_const(a), _const(b)), [a, b]) is not None
+
+
 @FOLD
 @given(
     dtype=st.sampled_from(["int32", "int64", "float32", "float64"]),
@@ -487,6 +554,12 @@ def test_every_evaluator_is_exercised_here() -> None:
         "take",
         "where",
         "arange",
+        "less",
+        "greater",
+        "less_equal",
+        "greater_equal",
+        "equal",
+        "not_equal",
     }
     assert set(EVALUATORS) <= tested, set(EVALUATORS) - tested
 
@@ -548,6 +621,82 @@ def test_the_pipeline_never_compiles(model: str, target: str) -> None:
     assert _builds_by_pass(model, target) == []
 
 
+@pytest.mark.parametrize(("model", "target"), model_target_rows())
+def test_tvm_fold_is_skipped_only_where_it_would_just_infer_types(
+    model: str, target: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the numpy folder leaves nothing TVM's FoldConstant rewrites, the pass is skipped
+    and the module only typed; on every function skipped, TVM's pass gives the same."""
+    skipped: list[relay.Function] = []
+
+    def spy(func: Any) -> bool:
+        found = real(func)
+        if not found and isinstance(func, relay.Function):
+            skipped.append(func)
+        return found
+
+    real = fold._tvm_would_fold
+    monkeypatch.setattr(fold, "_tvm_would_fold", spy)
+    _builds_by_pass(model, target)
+    assert skipped
+    for func in skipped:
+        mod = tvm.IRModule.from_expr(func)
+        folded = relay.transform.FoldConstant()(mod)["main"]
+        assert tvm.ir.structural_equal(folded, relay.transform.InferType()(mod)["main"])
+
+
+def _let_constant() -> relay.Function:
+    x = relay.var("x", shape=(2,))
+    v = relay.var("v", shape=(2,))
+    return relay.Function([x], relay.Let(v, _const(np.ones(2, "float32")), x + v))
+
+
+def _if_constant() -> relay.Function:
+    x = relay.var("x", shape=(2,))
+    return relay.Function([x], relay.If(_const(np.array(True)), x, relay.negative(x)))
+
+
+def _projection_of_tuple() -> relay.Function:
+    x = relay.var("x", shape=(2,))
+    return relay.Function([x], relay.TupleGetItem(relay.Tuple([x, relay.negative(x)]), 1))
+
+
+def _shape_query(op: str) -> relay.Function:
+    x = relay.var("x", shape=(2, 3))
+    query = relay.shape_of(x) if op == "shape_of" else relay.ndarray_size(x)
+    return relay.Function([x], query)
+
+
+def _constant_call(op: str) -> relay.Function:
+    x = relay.var("x", shape=(2,))
+    c = _const(np.array([1.5, -2.0], "float32"))
+    if op == "exp":  # no evaluator here
+        return relay.Function([x], x + relay.exp(c))
+    return relay.Function([x], relay.concatenate([x, relay.concatenate([c, c], 0)], 0))
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        _let_constant,
+        _if_constant,
+        _projection_of_tuple,
+        lambda: _shape_query("shape_of"),
+        lambda: _shape_query("ndarray_size"),
+        lambda: _constant_call("exp"),
+        lambda: _constant_call("concatenate"),
+    ],
+    ids=["let", "if", "tuple_get_item", "shape_of", "ndarray_size", "call", "tuple_arg"],
+)
+def test_what_tvm_fold_rewrites_keeps_it(build: Any) -> None:
+    """Each kind of node TVM's FoldConstant rewrites makes the gate run it (and it does rewrite:
+    its result is not what type inference alone gives)."""
+    mod = relay.transform.InferType()(tvm.IRModule.from_expr(build()))
+    assert fold._tvm_would_fold(mod["main"])
+    folded = relay.transform.FoldConstant()(mod)["main"]
+    assert not tvm.ir.structural_equal(folded, mod["main"])
+
+
 def test_only_simplify_expr_folds_inside_itself() -> None:
     """SimplifyExpr's own rewrites (x + c1) * c2 and x * c1 * c2 fold c1 * c2 with TVM inside
     the C++ pass, out of our reach; on graphs that have them, those are the only builds."""
@@ -560,7 +709,7 @@ def test_uncovered_ops_fall_back_to_tvm_and_agree() -> None:
     body = relay.exp(_const(x)) * _const(np.float32(2.0))
     func = relay.Function([], body)
     with _counting_llvm_builds() as builds:
-        ours = relay.transform.FoldConstant()(tvm.IRModule.from_expr(prefold_function(func)))
+        ours = fold.FoldConstant()(tvm.IRModule.from_expr(func))
     theirs = relay.transform.FoldConstant()(tvm.IRModule.from_expr(func))
     assert builds, "exp is not covered, so TVM must have evaluated it"
     assert tvm.ir.structural_equal(ours["main"], theirs["main"])
