@@ -551,10 +551,17 @@ class _Prefolder:
         self.defer = defer
         self.views: dict[int, Array] = {}
         self.pending: dict[int, Callable[[], Array]] = {}
+        #: Whether the folded function still has anything TVM's FoldConstant rewrites. False
+        #: only when none of its nodes is of a kind that pass rewrites (conservatively: any
+        #: ``let``, ``if``, projection of a tuple literal, ``on_device``, shape query, primitive
+        #: function, or op call whose arguments are all constants), so that skipping the pass
+        #: returns what it would.
+        self.left_for_tvm = False
 
     def fold(self, func: relay.Function) -> relay.Function:
         order: list[Any] = []
         relay.analysis.post_order_visit(func, order.append)
+        self.left_for_tvm = True  # until the whole function is rebuilt
         if any(_needs_tvm(n) for n in order):
             return func
         memo: dict[int, relay.Expr] = {}
@@ -562,32 +569,43 @@ class _Prefolder:
         def get(expr: Any) -> Any:
             return memo.get(expr.handle.value, expr) if isinstance(expr, relay.Expr) else expr
 
+        left = False
         for node in order:
             new = rebuild(node, get)
             if new is None:
                 return func  # a node kind this folder does not rebuild: leave it all to TVM
             if isinstance(new, relay.Call) and isinstance(new.op, tvm.ir.Op):
-                new = self._fold_call(new, node)
+                new, kept = self._fold_call(new, node)
+                left = left or kept
+            else:
+                left = left or _tvm_rewrites_node(new)
             memo[node.handle.value] = new
+        self.left_for_tvm = left
         folded = memo[func.handle.value]
-        self._fill_what_tvm_will_read(folded)
+        if left:
+            self._fill_what_tvm_will_read(folded)
         return folded
 
-    def _fold_call(self, call: relay.Call, original: relay.Call) -> relay.Expr:
+    def _fold_call(self, call: relay.Call, original: relay.Call) -> tuple[relay.Expr, bool]:
+        """The call's value as a constant, or the call itself and whether TVM's FoldConstant may
+        still rewrite it: it evaluates every op call whose arguments are all constants, and
+        looks through ``on_device`` annotations."""
         operands = _constant_operands(call)
-        if operands is None or call.op.name not in EVALUATORS:
-            return call
+        if operands is None:
+            return call, call.op.name == "on_device"
+        if call.op.name not in EVALUATORS:
+            return call, True
         ttype = _known_type(original, call)
         if self.defer and _is_large(ttype) and _PLACEHOLDERS.get() is not None:
-            return self._deferred_constant(call, operands, ttype)
+            return self._deferred_constant(call, operands, ttype), False
         values = [self.value_of(c) for c in operands]
         result = evaluate_call(call, values, ttype)
         if result is None:
-            return call
+            return call, True
         for const, value in zip(operands, values, strict=True):
             if _same_buffer(result, value):  # a reshape, say: the operand's bytes, reshaped
-                return relay.Constant(const.data._create_view(result.shape))
-        return relay.Constant(as_ndarray(result))
+                return relay.Constant(const.data._create_view(result.shape)), False
+        return relay.Constant(as_ndarray(result)), False
 
     def _deferred_constant(
         self, call: relay.Call, operands: list[relay.Constant], ttype: Any
@@ -688,15 +706,20 @@ def _known_type(node: relay.Expr, rebuilt: relay.Expr | None = None) -> Any:
 
 
 def _constant_operands(call: relay.Call) -> list[relay.Constant] | None:
-    """The call's arguments when all are constants (tuples of constants flattened)."""
+    """The call's arguments when all are constants (tuples of constants flattened; Relay's
+    types allow nested ones in no op this folder evaluates)."""
     if not call.args:
         return None
     flat: list[relay.Constant] = []
-    for arg in call.args:
-        for field in arg.fields if isinstance(arg, relay.Tuple) else [arg]:
-            if not isinstance(field, relay.Constant):
-                return None
-            flat.append(field)
+    pending = list(reversed(call.args))
+    while pending:
+        arg = pending.pop()
+        if isinstance(arg, relay.Tuple):
+            pending.extend(reversed(arg.fields))
+        elif isinstance(arg, relay.Constant):
+            flat.append(arg)
+        else:
+            return None
     return flat
 
 
@@ -727,22 +750,31 @@ def links_params(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> bool:
 
 
 def fold_module(mod: tvm.IRModule, ctx: tvm.transform.PassContext, last: bool) -> tvm.IRModule:
-    """:class:`FoldConstant`'s work: every Relay function prefolded in numpy, then TVM's fold."""
+    """:class:`FoldConstant`'s work: every Relay function prefolded in numpy, then TVM's fold
+    where anything is left for it."""
     defer = last and not links_params(mod, ctx)
     updates = {}
+    left_for_tvm = False
     for gvar, func in mod.functions.items():
         if isinstance(func, relay.Function):
-            folded = prefold_function(func, defer=defer)
+            folder = _Prefolder(defer)
+            folded = folder.fold(func)
+            left_for_tvm = left_for_tvm or folder.left_for_tvm
             if not folded.same_as(func):
                 updates[gvar] = folded
-    folded = with_functions(mod, updates)
-    if any(_tvm_would_fold(f) for f in folded.functions.values()):
-        return relay.transform.FoldConstant()(folded)
-    # TVM's pass would return each function as it is, then type the module, as every Relay
-    # function pass does.
-    if updates or not _typed(folded):
-        return relay.transform.InferType()(folded)
-    return folded
+    if left_for_tvm:
+        return relay.transform.FoldConstant()(with_functions(mod, updates))
+    return only_typed(with_functions(mod, updates), changed=bool(updates))
+
+
+def only_typed(mod: tvm.IRModule, changed: bool) -> tvm.IRModule:
+    """What TVM's FoldConstant returns for a module it finds nothing to rewrite in: each function
+    as it is, then the module typed, as every Relay function pass ends (a walk and a re-typing
+    saved where the module is already typed; a quarter of a transformer's extraction was TVM's
+    pass compiling the one integer add the folder left it)."""
+    if changed or not _typed(mod):
+        return relay.transform.InferType()(mod)
+    return mod
 
 
 def _typed(mod: tvm.IRModule) -> bool:
@@ -757,44 +789,12 @@ def _typed(mod: tvm.IRModule) -> bool:
     return True
 
 
-def _tvm_would_fold(func: Any) -> bool:
-    """Whether TVM's ``FoldConstant`` could change ``func``: False only when nothing in it is of
-    a kind that pass rewrites, so that skipping it (a walk and a re-typing of the whole graph, a
-    quarter of a transformer's extraction) returns what it would have.
-
-    Conservative: any ``let``, ``if``, tuple projection of a tuple literal, ``on_device``,
-    shape query or primitive function counts, whatever its operands; so does any op call whose
-    arguments are all constants or tuples of them, whether or not TVM would evaluate it.
-    """
-    if not isinstance(func, relay.Function):
-        return False
-    found = False
-
-    def visit(node: Any) -> None:
-        nonlocal found
-        if found:
-            return
-        if isinstance(node, (relay.Let, relay.If)):
-            found = True
-        elif isinstance(node, relay.TupleGetItem):
-            found = isinstance(node.tuple_value, relay.Tuple)
-        elif isinstance(node, relay.Function):
-            found = _needs_tvm(node)
-        elif isinstance(node, relay.Call) and isinstance(node.op, tvm.ir.Op):
-            found = (
-                node.op.name in _TYPE_DEPENDENT_OPS
-                or node.op.name == "on_device"
-                or (bool(node.args) and all(_is_constant_tree(a) for a in node.args))
-            )
-
-    relay.analysis.post_order_visit(func, visit)
-    return found
-
-
-def _is_constant_tree(expr: relay.Expr) -> bool:
-    if isinstance(expr, relay.Tuple):
-        return all(_is_constant_tree(f) for f in expr.fields)
-    return isinstance(expr, relay.Constant)
+def _tvm_rewrites_node(node: Any) -> bool:
+    """A non-call node TVM's FoldConstant may rewrite: a ``let`` (constants are inlined), an
+    ``if`` (a constant condition picks a branch), a projection of a tuple literal."""
+    if isinstance(node, (relay.Let, relay.If)):
+        return True
+    return isinstance(node, relay.TupleGetItem) and isinstance(node.tuple_value, relay.Tuple)
 
 
 # The pass decorator replaces the class, which mutation tools cannot instrument: the work is in

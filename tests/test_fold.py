@@ -626,23 +626,20 @@ def test_tvm_fold_is_skipped_only_where_it_would_just_infer_types(
     model: str, target: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Where the numpy folder leaves nothing TVM's FoldConstant rewrites, the pass is skipped
-    and the module only typed; on every function skipped, TVM's pass gives the same."""
-    skipped: list[relay.Function] = []
+    and the module only typed; on every module where that happens, TVM's pass gives the same."""
+    skipped: list[tvm.IRModule] = []
 
-    def spy(func: Any) -> bool:
-        found = real(func)
-        if not found and isinstance(func, relay.Function):
-            skipped.append(func)
-        return found
+    def spy(mod: tvm.IRModule, changed: bool) -> tvm.IRModule:
+        skipped.append(mod)
+        return real(mod, changed)
 
-    real = fold._tvm_would_fold
-    monkeypatch.setattr(fold, "_tvm_would_fold", spy)
+    real = fold.only_typed
+    monkeypatch.setattr(fold, "only_typed", spy)
     _builds_by_pass(model, target)
     assert skipped
-    for func in skipped:
-        mod = tvm.IRModule.from_expr(func)
-        folded = relay.transform.FoldConstant()(mod)["main"]
-        assert tvm.ir.structural_equal(folded, relay.transform.InferType()(mod)["main"])
+    for mod in skipped:
+        folded = relay.transform.FoldConstant()(mod)
+        assert tvm.ir.structural_equal(folded, relay.transform.InferType()(mod))
 
 
 def _let_constant() -> relay.Function:
@@ -672,7 +669,7 @@ def _constant_call(op: str) -> relay.Function:
     c = _const(np.array([1.5, -2.0], "float32"))
     if op == "exp":  # no evaluator here
         return relay.Function([x], x + relay.exp(c))
-    return relay.Function([x], relay.concatenate([x, relay.concatenate([c, c], 0)], 0))
+    return relay.Function([x], x + relay.sum(relay.stack([c, c], 0), axis=0))
 
 
 @pytest.mark.parametrize(
@@ -692,7 +689,9 @@ def test_what_tvm_fold_rewrites_keeps_it(build: Any) -> None:
     """Each kind of node TVM's FoldConstant rewrites makes the gate run it (and it does rewrite:
     its result is not what type inference alone gives)."""
     mod = relay.transform.InferType()(tvm.IRModule.from_expr(build()))
-    assert fold._tvm_would_fold(mod["main"])
+    folder = fold._Prefolder(defer=False)
+    folder.fold(mod["main"])
+    assert folder.left_for_tvm
     folded = relay.transform.FoldConstant()(mod)["main"]
     assert not tvm.ir.structural_equal(folded, mod["main"])
 
