@@ -21,7 +21,14 @@ from tvm.target import Target
 from .errors import ExtractionError, ModelError, RelayTasksError, describe_failure
 from .fold import FoldConstant, deferred_placeholders, refuse_placeholders
 from .ir import with_functions
-from .simplify import QnnLegalize, SimplifyExpr, SimplifyExprPostAlterOp
+from .simplify import (
+    OP_TRIGGERS,
+    EtaExpand,
+    QnnLegalize,
+    SimplifyExpr,
+    SimplifyExprPostAlterOp,
+    op_gated,
+)
 
 
 @dataclass(frozen=True)
@@ -119,7 +126,9 @@ def pass_prefix() -> list[Step]:
 
     Same passes, same order, same names and opt levels (a test compares the passes run with
     upstream's sequence); only the constant folding inside ``FoldConstant`` and ``FoldScaleAxis``
-    is ours, and the two simplification passes are skipped where they would change nothing.
+    is ours, and the simplification passes and those that rewrite only a few ops
+    (``qnn.Legalize``, :data:`~relay_tasks.simplify.OP_TRIGGERS`) are skipped where they would
+    change nothing.
     """
     transform = relay.transform
     return [
@@ -129,8 +138,8 @@ def pass_prefix() -> list[Step]:
         # name only legalizes.
         QnnLegalize(),
         transform.Legalize(),
-        transform.SimplifyInference(),
-        transform.EtaExpand(expand_constructor=True, expand_global_var=False),
+        op_gated(transform.SimplifyInference()),
+        EtaExpand(),
         # Upstream passes a skip callback that always answers "no": the same as none.
         transform.EliminateCommonSubexpr(),
         transform.CombineParallelConv2D(min_num_branches=3),
@@ -142,9 +151,9 @@ def pass_prefix() -> list[Step]:
             (transform.BackwardFoldScaleAxis(), transform.ForwardFoldScaleAxis(), FoldConstant()),
         ),
         SimplifyExpr(),
-        transform.CanonicalizeCast(),
-        transform.CanonicalizeOps(),
-        transform.FlattenAtrousConv(),
+        op_gated(transform.CanonicalizeCast()),
+        op_gated(transform.CanonicalizeOps()),
+        op_gated(transform.FlattenAtrousConv()),
         transform.AlterOpLayout(),
         SimplifyExprPostAlterOp(),
         transform.FastMath(),
@@ -169,7 +178,7 @@ class _Runner:
         self.ctx = ctx
         self.disabled = {str(name) for name in ctx.disabled_pass}
         self.required = {str(name) for name in ctx.required_pass}
-        self.typed: IRModule | None = None
+        self.typed: dict[Any, Any] | None = None
 
     def enabled(self, name: str, opt_level: int) -> bool:
         if name in self.disabled:
@@ -190,24 +199,29 @@ class _Runner:
                     continue
                 mod = _named_pass(str(name))(mod)
                 if str(name) == "InferType":
-                    self.typed = mod
+                    self._typed_now(mod)
             mod = step(mod)
             if isinstance(step, relay.transform.FunctionPass) or info.name in _TYPED_OUTPUT:
-                self.typed = mod
+                self._typed_now(mod)
         return mod
+
+    def _typed_now(self, mod: IRModule) -> None:
+        # The typed functions themselves, not the module: TVM's EtaExpand replaces the functions
+        # of the module it is given, in place, by untyped ones.
+        self.typed = dict(mod.functions.items())
 
     def _still_typed(self, mod: IRModule) -> bool:
         typed = self.typed
         if typed is None:
             return False
-        ours, theirs = dict(mod.functions.items()), dict(typed.functions.items())
-        return len(ours) == len(theirs) and all(
-            gvar in theirs and func.same_as(theirs[gvar]) for gvar, func in ours.items()
+        ours = dict(mod.functions.items())
+        return len(ours) == len(typed) and all(
+            gvar in typed and func.same_as(typed[gvar]) for gvar, func in ours.items()
         )
 
 
 #: Our module passes, which like the function passes they stand in for return typed modules.
-_TYPED_OUTPUT = frozenset({"FoldConstant", "SimplifyExpr", "SimplifyExprPostAlterOp"})
+_TYPED_OUTPUT = frozenset({"FoldConstant", "SimplifyExpr", "SimplifyExprPostAlterOp", *OP_TRIGGERS})
 
 
 def _named_pass(name: str) -> tvm.transform.Pass:

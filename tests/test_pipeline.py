@@ -130,6 +130,109 @@ def test_screened_simplifications_skip_only_no_ops(model: str, target: str) -> N
     assert checked or model == "simplify_patterns"
 
 
+_GATED = {
+    "SimplifyInference": relay.transform.SimplifyInference,
+    "CanonicalizeCast": relay.transform.CanonicalizeCast,
+    "CanonicalizeOps": relay.transform.CanonicalizeOps,
+    "FlattenAtrousConv": relay.transform.FlattenAtrousConv,
+    "EtaExpand": lambda: relay.transform.EtaExpand(
+        expand_constructor=True, expand_global_var=False
+    ),
+}
+
+
+def _gate_skips(name: str, mod: tvm.IRModule) -> bool:
+    if name == "EtaExpand":
+        return not simplify.has_constructors(mod)
+    return simplify.OP_TRIGGERS[name].isdisjoint(simplify.ops_in(mod))
+
+
+@pytest.mark.parametrize(("model", "target"), model_target_rows())
+def test_gated_passes_skip_only_no_ops(model: str, target: str) -> None:
+    """Wherever a pass is skipped for want of the ops (or constructors) it rewrites, the real
+    pass returns the module unchanged."""
+    mod, params = load(model)
+    skipped = set()
+    for name, typed in modules_before_each_pass(mod, params, target):
+        if name in _GATED and _gate_skips(name, typed):
+            # A module of its own: EtaExpand updates the one it is given.
+            given = tvm.IRModule(typed.functions, typed.type_definitions)
+            assert tvm.ir.structural_equal(_GATED[name]()(given), typed)
+            skipped.add(name)
+    assert "EtaExpand" in skipped and "FlattenAtrousConv" in skipped
+
+
+def _conv_nhwc(x: relay.Expr, dilation: int = 1) -> relay.Expr:
+    weight = relay.const(np.ones((3, 3, 4, 4), "float32"))
+    return relay.nn.conv2d(
+        x, weight, kernel_size=(3, 3), dilation=dilation, data_layout="NHWC", kernel_layout="HWIO"
+    )
+
+
+def _trigger_graphs() -> dict[tuple[str, str], relay.Function]:
+    """For each op a gated pass rewrites, a graph where it does."""
+    x = relay.var("x", shape=(1, 4, 8, 8))
+    nhwc = relay.var("x", shape=(1, 8, 8, 4))
+    ones = relay.const(np.ones(4, "float32"))
+    eights = relay.const(np.ones(8, "float32"))
+    half = relay.var("h", shape=(4,), dtype="float16")
+    up = relay.cast(half, "float32")
+    s2b = relay.nn.space_to_batch_nd(nhwc, [2, 2], [[2, 2], [2, 2]])
+    return {
+        ("SimplifyInference", "nn.batch_norm"): relay.Function(
+            [x], relay.nn.batch_norm(x, ones, ones, ones, ones)[0]
+        ),
+        ("SimplifyInference", "nn.dropout"): relay.Function([x], relay.nn.dropout(x)),
+        ("SimplifyInference", "nn.instance_norm"): relay.Function(
+            [x], relay.nn.instance_norm(x, ones, ones)
+        ),
+        ("SimplifyInference", "nn.layer_norm"): relay.Function(
+            [x], relay.nn.layer_norm(x, eights, eights)
+        ),
+        ("SimplifyInference", "nn.group_norm"): relay.Function(
+            [x], relay.nn.group_norm(x, ones, ones, num_groups=2)
+        ),
+        ("SimplifyInference", "nn.l2_normalize"): relay.Function(
+            [x], relay.nn.l2_normalize(x, 1e-5, axis=[1])
+        ),
+        ("CanonicalizeCast", "cast"): relay.Function(
+            [half], relay.Tuple([relay.exp(up), relay.log(up)])
+        ),
+        ("CanonicalizeOps", "nn.bias_add"): relay.Function([x], relay.nn.bias_add(x, ones)),
+        ("FlattenAtrousConv", "nn.space_to_batch_nd"): relay.Function(
+            [nhwc], relay.nn.batch_to_space_nd(_conv_nhwc(s2b), [2, 2], [[0, 0], [0, 0]])
+        ),
+    }
+
+
+def test_gated_passes_run_on_every_op_they_rewrite() -> None:
+    """Each op a gate looks for is one its pass rewrites (here, a graph where it does); and
+    every op a gate looks for has such a graph."""
+    graphs = _trigger_graphs()
+    assert set(graphs) == {(n, op) for n, ops in simplify.OP_TRIGGERS.items() for op in ops}
+    for (name, _), func in graphs.items():
+        mod = relay.transform.InferType()(tvm.IRModule.from_expr(func))
+        assert not _gate_skips(name, mod)
+        with tvm.transform.PassContext(opt_level=3):
+            assert not tvm.ir.structural_equal(_GATED[name]()(mod), mod), name
+
+
+def test_eta_expand_runs_where_a_constructor_is_a_value() -> None:
+    from tvm.relay.prelude import Prelude
+
+    mod = tvm.IRModule()
+    prelude = Prelude(mod)
+    _, cons, nil = prelude.mod.get_type("List")
+    x = relay.var("x", shape=(), dtype="float32")
+    f = relay.var("f")
+    body = relay.Let(f, cons, relay.Call(f, [x, nil()]))
+    mod["main"] = relay.Function([x], body)
+    mod = relay.transform.InferType()(mod)
+    assert not _gate_skips("EtaExpand", mod)
+    given = tvm.IRModule(mod.functions, mod.type_definitions)
+    assert not tvm.ir.structural_equal(_GATED["EtaExpand"]()(given), mod)
+
+
 def test_screens_fire_on_every_rewrite_they_stand_for() -> None:
     mod, _ = load("simplify_patterns")
     typed = relay.transform.InferType()(mod)
@@ -326,7 +429,7 @@ def test_a_module_is_still_typed_only_while_its_functions_are_the_typed_ones() -
     mod = relay.transform.InferType()(as_module(load("dense_softmax")[0]))
     runner = _Runner(tvm.transform.PassContext())
     assert not runner._still_typed(mod)
-    runner.typed = mod
+    runner._typed_now(mod)
     assert runner._still_typed(mod)
     changed = relay.transform.FoldConstant()(mod)
     assert not changed["main"].same_as(mod["main"])
@@ -336,8 +439,22 @@ def test_a_module_is_still_typed_only_while_its_functions_are_the_typed_ones() -
     grown[relay.GlobalVar("other")] = relay.Function([x], x)
     assert not runner._still_typed(grown)
     fewer = tvm.IRModule({mod.get_global_var("main"): mod["main"]})
-    runner.typed = grown
+    runner._typed_now(grown)
     assert not runner._still_typed(fewer)
+
+
+def test_a_module_changed_in_place_is_not_still_typed() -> None:
+    """TVM's EtaExpand replaces the functions of the module it is given by untyped rebuilds;
+    the runner must not take that module for the typed one it was."""
+    from relay_tasks.pipeline import _Runner
+
+    mod = relay.transform.InferType()(as_module(load("dense_softmax")[0]))
+    runner = _Runner(tvm.transform.PassContext())
+    runner._typed_now(mod)
+    expanded = relay.transform.EtaExpand(expand_constructor=True, expand_global_var=False)(mod)
+    with pytest.raises(ValueError):
+        expanded["main"].body.checked_type  # noqa: B018 (untyped: the rebuild)
+    assert not runner._still_typed(expanded)
 
 
 def test_a_required_pass_that_cannot_be_made_is_named() -> None:
