@@ -489,15 +489,17 @@ def evaluate_call(call: relay.Call, args: Sequence[Array], ttype: Any = None) ->
 DEFER_MIN_ELEMENTS = 4096
 
 
-def prefold_function(func: relay.Function, *, defer: bool = False) -> relay.Function:
-    """Replace each call that numpy can evaluate (all args constant) by its value.
+def prefold_function(func: relay.Function, *, defer: bool = False) -> tuple[relay.Function, bool]:
+    """Replace each call that numpy can evaluate (all args constant) by its value; also tell
+    whether the result still has anything TVM's ``FoldConstant`` rewrites.
 
     With ``defer``, large results are not computed: the call becomes a constant of the right type
     whose buffer is filled only when something reads it. That is for the pipeline's last
     FoldConstant, where what is left of the weights (layout and Winograd transforms) only becomes
     arguments of fused functions: no pass after it reads those values and no task contains them.
     """
-    return _Prefolder(defer).fold(func)
+    folder = _Prefolder(defer)
+    return folder.fold(func), folder.left_for_tvm
 
 
 #: Placeholders of the extraction in progress that are still unfilled, by handle: deferral
@@ -757,9 +759,8 @@ def fold_module(mod: tvm.IRModule, ctx: tvm.transform.PassContext, last: bool) -
     left_for_tvm = False
     for gvar, func in mod.functions.items():
         if isinstance(func, relay.Function):
-            folder = _Prefolder(defer)
-            folded = folder.fold(func)
-            left_for_tvm = left_for_tvm or folder.left_for_tvm
+            folded, left = prefold_function(func, defer=defer)
+            left_for_tvm = left_for_tvm or left
             if not folded.same_as(func):
                 updates[gvar] = folded
     if left_for_tvm:

@@ -305,18 +305,14 @@ def simplify_locally(
 
 
 def _screened(
-    name: str,
-    real: Callable[[], tvm.transform.Pass],
-    screens: tuple[Screen, ...],
-    required: tuple[str, ...] = ("InferType",),
-    local: bool = True,
+    name: str, real: Callable[[], tvm.transform.Pass], screens: tuple[Screen, ...]
 ) -> Any:
-    @tvm.transform.module_pass(opt_level=0, name=name, required=list(required))  # type: ignore[untyped-decorator]
+    @tvm.transform.module_pass(opt_level=0, name=name, required=["InferType"])  # type: ignore[untyped-decorator]
     def screened(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
         flagged = _flagged_by_function(mod, screens)
         if not _any_flagged(flagged):
             return mod
-        settled = simplify_locally(mod, real, screens, flagged) if local else None
+        settled = simplify_locally(mod, real, screens, flagged)
         return real()(mod) if settled is None else settled
 
     return screened
@@ -333,16 +329,20 @@ def SimplifyExprPostAlterOp() -> tvm.transform.Pass:
     return _screened("SimplifyExprPostAlterOp", real, POST_ALTER_OP_SCREENS)
 
 
-#: qnn.Legalize lowers qnn ops (QnnLegalize, then QnnCanonicalize) and touches nothing else.
-QNN_LEGALIZE_SCREENS: tuple[Screen, ...] = (
-    Screen("qnn.Legalize", None, lambda call: _op_name(call).startswith("qnn.")),
-)
-
-
 def QnnLegalize() -> tvm.transform.Pass:
-    """C++'s ``qnn.Legalize``, skipped on models without qnn ops."""
+    """C++'s ``qnn.Legalize``, skipped on models without qnn ops: it lowers them (QnnLegalize,
+    then QnnCanonicalize) and touches nothing else."""
     real = tvm.get_global_func("relay.qnn._transform.Legalize")
-    return _screened("qnn.Legalize", real, QNN_LEGALIZE_SCREENS, required=(), local=False)
+
+    @tvm.transform.module_pass(opt_level=0, name="qnn.Legalize")  # type: ignore[untyped-decorator]
+    def gated(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        return real()(mod) if has_qnn_ops(mod) else mod
+
+    return gated
+
+
+def has_qnn_ops(mod: tvm.IRModule) -> bool:
+    return any(op.startswith("qnn.") for op in ops_in(mod))
 
 
 #: Function passes that rewrite calls to these ops only (their C++ sources), and nothing where

@@ -114,10 +114,6 @@ def test_screened_simplifications_skip_only_no_ops(model: str, target: str) -> N
             tvm.get_global_func("relay._transform.SimplifyExprPostAlterOp"),
             simplify.POST_ALTER_OP_SCREENS,
         ),
-        "qnn.Legalize": (
-            tvm.get_global_func("relay.qnn._transform.Legalize"),
-            simplify.QNN_LEGALIZE_SCREENS,
-        ),
     }
     mod, params = load(model)
     checked = 0
@@ -138,12 +134,15 @@ _GATED = {
     "EtaExpand": lambda: relay.transform.EtaExpand(
         expand_constructor=True, expand_global_var=False
     ),
+    "qnn.Legalize": tvm.get_global_func("relay.qnn._transform.Legalize"),
 }
 
 
 def _gate_skips(name: str, mod: tvm.IRModule) -> bool:
     if name == "EtaExpand":
         return not simplify.has_constructors(mod)
+    if name == "qnn.Legalize":
+        return not simplify.has_qnn_ops(mod)
     return simplify.OP_TRIGGERS[name].isdisjoint(simplify.ops_in(mod))
 
 
@@ -159,7 +158,7 @@ def test_gated_passes_skip_only_no_ops(model: str, target: str) -> None:
             given = tvm.IRModule(typed.functions, typed.type_definitions)
             assert tvm.ir.structural_equal(_GATED[name]()(given), typed)
             skipped.add(name)
-    assert "EtaExpand" in skipped and "FlattenAtrousConv" in skipped
+    assert {"EtaExpand", "FlattenAtrousConv", "qnn.Legalize"} <= skipped
 
 
 def _conv_nhwc(x: relay.Expr, dilation: int = 1) -> relay.Expr:
@@ -215,6 +214,19 @@ def test_gated_passes_run_on_every_op_they_rewrite() -> None:
         assert not _gate_skips(name, mod)
         with tvm.transform.PassContext(opt_level=3):
             assert not tvm.ir.structural_equal(_GATED[name]()(mod), mod), name
+
+
+def test_qnn_legalize_runs_on_qnn_ops() -> None:
+    x = relay.var("x", shape=(2, 4))
+    scale, zero = relay.const(0.5), relay.const(0)
+    quantized = relay.qnn.op.quantize(x, scale, zero, out_dtype="int8")
+    mod = tvm.IRModule.from_expr(
+        relay.Function([x], relay.qnn.op.dequantize(quantized, scale, zero))
+    )
+    mod = relay.transform.InferType()(mod)
+    assert not _gate_skips("qnn.Legalize", mod)
+    with tvm.target.Target(X86):
+        assert not tvm.ir.structural_equal(_GATED["qnn.Legalize"]()(mod), mod)
 
 
 def test_eta_expand_runs_where_a_constructor_is_a_value() -> None:
