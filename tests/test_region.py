@@ -137,6 +137,59 @@ def test_random_graphs_settle_to_the_whole_graph_result(mod: tvm.IRModule, name:
     _local_equals_whole(mod, name)
 
 
+@st.composite
+def reshape_graphs(draw: Callable[..., Any]) -> tvm.IRModule:
+    """Chains of reshapes and reverse reshapes, shared values and untouched ops between them:
+    graphs where a reshape pair is all SimplifyExpr could rewrite."""
+    values: list[relay.Expr] = [relay.var("x", shape=(2, 3, 4))]
+    for _ in range(draw(st.integers(1, 10))):
+        x = draw(st.sampled_from(values))
+        kind = draw(st.sampled_from(["reshape", "reverse", "other"]))
+        if kind == "reshape":
+            values.append(relay.reshape(x, draw(st.sampled_from(SHAPES))))
+        elif kind == "reverse":
+            rank = len(_shape(x))
+            values.append(relay.reverse_reshape(x, [0] * (rank - 1) + [-1]))
+        else:
+            values.append(relay.tanh(x))
+    outputs = draw(st.lists(st.sampled_from(values[1:]), min_size=1, max_size=3))
+    return _typed(outputs[0] if len(outputs) == 1 else relay.Tuple(outputs))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(mod=reshape_graphs())
+def test_reshape_pairs_alone_merge_as_simplify_expr_merges_them(mod: tvm.IRModule) -> None:
+    """Where only reshape pairs are flagged, SimplifyReshape alone does the work: the same
+    module as the whole pass, on the cut and on the whole graph."""
+    calls = simplify.flagged_calls(mod["main"], simplify.SIMPLIFY_EXPR_SCREENS)
+    if calls:
+        assert simplify._only_reshape_pairs(calls, simplify.SIMPLIFY_EXPR_SCREENS)
+    whole = relay.transform.SimplifyExpr()(mod)
+    merged = simplify._merge_reshapes(mod)
+    assert tvm.ir.structural_equal(merged, whole), f"{mod}\nmerged:\n{merged}\nwhole:\n{whole}"
+    assert _distinct_nodes(merged) == _distinct_nodes(whole)
+    for name in PASSES:
+        _local_equals_whole(mod, name)
+
+
+def test_reshape_pairs_with_run_time_dimensions_stay() -> None:
+    """A pair whose result has a run-time dimension is left as it is, by TVM and here."""
+    x = relay.var("x", shape=(relay.Any(), 4))
+    pair = relay.reshape(relay.reshape(x, (-1, 2)), (-1,))
+    mod = _typed(pair)
+    assert tvm.ir.structural_equal(simplify._merge_reshapes(mod), mod)
+    assert tvm.ir.structural_equal(relay.transform.SimplifyExpr()(mod), mod)
+
+
+def test_other_flags_beside_a_reshape_pair_take_the_whole_pass() -> None:
+    x = relay.var("x", shape=(2, 3, 4))
+    pair = relay.reshape(relay.reshape(x, (6, 4)), (24,))
+    mod = _typed(relay.Tuple([pair, relay.add(x, x)]))
+    calls = simplify.flagged_calls(mod["main"], simplify.SIMPLIFY_EXPR_SCREENS)
+    assert len(calls) == 2
+    assert not simplify._only_reshape_pairs(calls, simplify.SIMPLIFY_EXPR_SCREENS)
+
+
 def test_most_random_graphs_settle_locally() -> None:
     """The property above would hold vacuously if the local path always handed over: most
     graphs that the real pass changes must be settled locally (measured: 176 of 206)."""
