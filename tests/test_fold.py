@@ -164,6 +164,51 @@ def test_integer_sums_are_exact_or_left_to_tvm(op, dtype, shape_pair, data) -> N
         assert np.array_equal(ours, exact.astype(dtype))
 
 
+def _nans(dtype: str, shape: tuple[int, ...]) -> np.ndarray:
+    """Values with NaNs of several bit patterns: quiet and signalling, either sign, payloads."""
+    width = {"float16": np.uint16, "float32": np.uint32, "float64": np.uint64}[dtype]
+    bits = np.arange(int(np.prod(shape)), dtype=np.float64).astype(dtype).view(width).copy()
+    info = np.finfo(dtype)
+    exponent = ((1 << info.nexp) - 1) << info.nmant
+    sign = 1 << (info.bits - 1)
+    patterns = [exponent | 1, exponent | (1 << (info.nmant - 1)), sign | exponent | 5,
+                exponent | ((1 << info.nmant) - 1)]  # fmt: skip
+    for i, pattern in enumerate(patterns):
+        bits.flat[(i * 3) % bits.size] = pattern
+    return bits.view(dtype).reshape(shape)
+
+
+def _moves(x: np.ndarray) -> dict[str, tuple[relay.Call, list[np.ndarray]]]:
+    """A call of each op that only moves elements, on ``x`` (2, 3, 4), with its operands."""
+    c, wide, indices = _const(x), x[None], np.array([1, 0, 1], "int32")
+    return {
+        "expand_dims": (relay.expand_dims(c, 1), [x]),
+        "squeeze": (relay.squeeze(_const(wide), [0]), [wide]),
+        "transpose": (relay.transpose(c, [2, 0, 1]), [x]),
+        "reshape": (relay.reshape(c, (4, -1)), [x]),
+        "copy": (relay.copy(c), [x]),
+        "nn.batch_flatten": (relay.nn.batch_flatten(c), [x]),
+        "broadcast_to": (relay.broadcast_to(c, (2, 2, 3, 4)), [x]),
+        "strided_slice": (relay.strided_slice(c, [0, 1, 0], [2, 3, 4], [1, 1, 2]), [x]),
+        "repeat": (relay.repeat(c, 2, 1), [x]),
+        "take": (relay.take(c, _const(indices), axis=2), [x, indices]),
+        "concatenate": (relay.concatenate([c, c], 0), [x, x]),
+        "layout_transform": (relay.layout_transform(c, "CHW", "CHW2c"), [x]),
+    }
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_moves_keep_every_nan_bit_as_tvm_does(dtype: str) -> None:
+    """Ops that only move elements are folded even with NaN inputs: each NaN's bits (quiet or
+    signalling, sign, payload) come out as TVM's loads and stores leave them."""
+    x = _nans(dtype, (2, 3, 4))
+    assert np.isnan(x).sum() == 4
+    moves = _moves(x)
+    assert set(moves) == set(fold._MOVES)
+    for name, (call, args) in moves.items():
+        assert _check(call, args) is not None, name
+
+
 def test_nan_inputs_go_to_tvm() -> None:
     a = np.array([1.0, np.nan], "float32")
     call = relay.add(_const(a), _const(a))
