@@ -69,10 +69,36 @@ def extraction_scope(target: Target, settings: PassSettings) -> Iterator[None]:
     silent = autotvm.GLOBAL_SCOPE.silent
     autotvm.GLOBAL_SCOPE.silent = True  # AlterOpLayout would log every missing AutoTVM config
     try:
-        with target, settings.context(), memoized_cpu_features():
+        with target, settings.context(), memoized_cpu_features(), dunders_answered_in_python():
             yield
     finally:
         autotvm.GLOBAL_SCOPE.silent = silent
+
+
+@contextlib.contextmanager
+def dunders_answered_in_python() -> Iterator[None]:
+    """Answer "no such attribute" for ``__dunder__`` names on TVM objects without asking C++.
+
+    TOPI's CUDA convolutions build numpy arrays of TE variables; numpy probes each for
+    ``__array_interface__`` and the like, and TVM looks every probe up as a node field, which
+    fails in C++: the first failure of a process loads backtrace symbols (0.14 s, most of a
+    single convolution's extraction), each one after costs 0.1 ms. No node field is a dunder
+    name, so the answer is the same ``AttributeError``.
+    """
+    from tvm.runtime import Object
+
+    lookup = Object.__getattr__
+
+    def answered(self: Any, name: str) -> Any:
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(f"{type(self)} has no attribute {name}")
+        return lookup(self, name)
+
+    Object.__getattr__ = answered
+    try:
+        yield
+    finally:
+        Object.__getattr__ = lookup
 
 
 @contextlib.contextmanager

@@ -41,7 +41,7 @@ from ..extract import (
     warn_skipped_dynamic,
 )
 from ..inputs import ParamsLike, TargetLike
-from ..pipeline import PassSettings
+from ..pipeline import PassSettings, dunders_answered_in_python
 from ..request import Request
 from ..vm_cache import op_weights, storage_size_tasks, vm_function_names
 from .base import (
@@ -348,7 +348,10 @@ def _trace(name: str, task: Task) -> None:
 
 def _search_task(**kwargs: Any) -> auto_scheduler.SearchTask:
     try:
-        return auto_scheduler.SearchTask(**kwargs)
+        # The workload's compute is built again, numpy probes included (see the pipeline's
+        # dunders_answered_in_python).
+        with dunders_answered_in_python():
+            return auto_scheduler.SearchTask(**kwargs)
     except tvm.TVMError as err:
         if "device_api" in str(err) and kwargs.get("hardware_params") is None:
             raise TargetError(

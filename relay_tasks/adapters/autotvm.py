@@ -26,7 +26,7 @@ from tvm.target import Target
 from ..errors import ModelError
 from ..extract import Task, display_name, in_call_order, run_extraction, shape_text
 from ..inputs import ParamsLike, TargetLike
-from ..pipeline import PassSettings
+from ..pipeline import PassSettings, dunders_answered_in_python
 from ..request import Request
 from .base import Adapter, Measurement, Runner, TunerTask
 
@@ -171,7 +171,9 @@ def create_task(name: str, args: Any, target: Target) -> autotvm.task.Task:
     """
     task = autotvm.task.Task(name, serialize_args(args))
     task.config_space = ConfigSpace()
-    with ApplyConfig(task.config_space), target:
+    # The template builds its compute again, numpy probes included (see the pipeline's
+    # dunders_answered_in_python).
+    with ApplyConfig(task.config_space), target, dunders_answered_in_python():
         schedule, _ = task.func(*task.args)
     # Set in Python by autotvm.task.attach_code_hash, when a template asks for it.
     task.config_space.code_hash = vars(schedule).get("code_hash")
