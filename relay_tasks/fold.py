@@ -523,8 +523,7 @@ def prefold_function(func: relay.Function, *, defer: bool = False) -> tuple[rela
     FoldConstant, where what is left of the weights (layout and Winograd transforms) only becomes
     arguments of fused functions: no pass after it reads those values and no task contains them.
     """
-    folder = _Prefolder(defer)
-    return folder.fold(func), folder.left_for_tvm
+    return _Prefolder(defer).fold(func)
 
 
 #: Placeholders of the extraction in progress that are still unfilled, by handle: deferral
@@ -578,19 +577,19 @@ class _Prefolder:
         self.defer = defer
         self.views: dict[int, Array] = {}
         self.pending: dict[int, Callable[[], Array]] = {}
-        #: Whether the folded function still has anything TVM's FoldConstant rewrites. False
-        #: only when none of its nodes is of a kind that pass rewrites (conservatively: any
-        #: ``let``, ``if``, projection of a tuple literal, ``on_device``, shape query, primitive
-        #: function, or op call whose arguments are all constants), so that skipping the pass
-        #: returns what it would.
-        self.left_for_tvm = False
 
-    def fold(self, func: relay.Function) -> relay.Function:
+    def fold(self, func: relay.Function) -> tuple[relay.Function, bool]:
+        """The folded function, and whether it still has anything TVM's FoldConstant rewrites.
+
+        That is False only when none of its nodes is of a kind that pass rewrites
+        (conservatively: any ``let``, ``if``, projection of a tuple literal, ``on_device``,
+        shape query, primitive function, or op call whose arguments are all constants), so
+        that skipping the pass returns what it would.
+        """
         order: list[Any] = []
         relay.analysis.post_order_visit(func, order.append)
-        self.left_for_tvm = True  # until the whole function is rebuilt
         if any(_needs_tvm(n) for n in order):
-            return func
+            return func, True
         memo: dict[int, relay.Expr] = {}
 
         def get(expr: Any) -> Any:
@@ -600,18 +599,17 @@ class _Prefolder:
         for node in order:
             new = rebuild(node, get)
             if new is None:
-                return func  # a node kind this folder does not rebuild: leave it all to TVM
+                return func, True  # a node kind this folder does not rebuild: all to TVM
             if isinstance(new, relay.Call) and isinstance(new.op, tvm.ir.Op):
                 new, kept = self._fold_call(new, node)
                 left = left or kept
             else:
                 left = left or _tvm_rewrites_node(new)
             memo[node.handle.value] = new
-        self.left_for_tvm = left
         folded = memo[func.handle.value]
         if left:
             self._fill_what_tvm_will_read(folded)
-        return folded
+        return folded, left
 
     def _fold_call(self, call: relay.Call, original: relay.Call) -> tuple[relay.Expr, bool]:
         """The call's value as a constant, or the call itself and whether TVM's FoldConstant may

@@ -372,13 +372,7 @@ def SimplifyExprPostAlterOp() -> tvm.transform.Pass:
 def QnnLegalize() -> tvm.transform.Pass:
     """C++'s ``qnn.Legalize``, skipped on models without qnn ops: it lowers them (QnnLegalize,
     then QnnCanonicalize) and touches nothing else."""
-    real = tvm.get_global_func("relay.qnn._transform.Legalize")
-
-    @tvm.transform.module_pass(opt_level=0, name="qnn.Legalize")  # type: ignore[untyped-decorator]
-    def gated(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        return real()(mod) if has_qnn_ops(mod) else mod
-
-    return gated
+    return _skipped_unless(tvm.get_global_func("relay.qnn._transform.Legalize")(), has_qnn_ops)
 
 
 def has_qnn_ops(mod: tvm.IRModule) -> bool:
@@ -414,16 +408,8 @@ def op_gated(real: tvm.transform.Pass) -> tvm.transform.Pass:
     re-typing of the whole graph (20-40 ms each on ResNet-50 or GPT-2, and most of a single
     operator's extraction).
     """
-    info = real.info
-    triggers = OP_TRIGGERS[str(info.name)]
-
-    @tvm.transform.module_pass(  # type: ignore[untyped-decorator]
-        opt_level=int(info.opt_level), name=str(info.name), required=list(info.required)
-    )
-    def gated(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        return mod if triggers.isdisjoint(ops_in(mod)) else real(mod)
-
-    return gated
+    triggers = OP_TRIGGERS[str(real.info.name)]
+    return _skipped_unless(real, lambda mod: not triggers.isdisjoint(ops_in(mod)))
 
 
 def ops_in(mod: tvm.IRModule) -> set[str]:
@@ -439,13 +425,21 @@ def EtaExpand() -> tvm.transform.Pass:
     there. Whether a function has a constructor comes from TVM's feature detector, a C++ walk.
     """
     real = relay.transform.EtaExpand(expand_constructor=True, expand_global_var=False)
+    return _skipped_unless(real, has_constructors)
+
+
+def _skipped_unless(
+    real: tvm.transform.Pass, needed: Callable[[tvm.IRModule], bool]
+) -> tvm.transform.Pass:
+    """``real`` under its own name, opt level and requirements, run only on modules where
+    ``needed`` says it could change something; elsewhere the module is returned as it is."""
     info = real.info
 
     @tvm.transform.module_pass(  # type: ignore[untyped-decorator]
         opt_level=int(info.opt_level), name=str(info.name), required=list(info.required)
     )
     def gated(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        return real(mod) if has_constructors(mod) else mod
+        return real(mod) if needed(mod) else mod
 
     return gated
 
