@@ -20,15 +20,18 @@ from tvm.target import Target
 
 from .errors import ExtractionError, ModelError, RelayTasksError, describe_failure
 from .fold import FoldConstant, deferred_placeholders, refuse_placeholders
-from .ir import with_functions
-from .simplify import (
+from .gates import (
     OP_TRIGGERS,
+    EliminateCommonSubexpr,
     EtaExpand,
+    Legalize,
     QnnLegalize,
-    SimplifyExpr,
-    SimplifyExprPostAlterOp,
+    ToBasicBlockNormalForm,
     op_gated,
 )
+from .inputs import type_check
+from .ir import with_functions
+from .simplify import SimplifyExpr, SimplifyExprPostAlterOp
 
 
 @dataclass(frozen=True)
@@ -153,28 +156,32 @@ def pass_prefix() -> list[Step]:
     Same passes, same order, same names and opt levels (a test compares the passes run with
     upstream's sequence); only the constant folding inside ``FoldConstant`` and ``FoldScaleAxis``
     is ours, and the simplification passes and those that rewrite only a few ops
-    (``qnn.Legalize``, :data:`~relay_tasks.simplify.OP_TRIGGERS`) are skipped where they would
+    (``qnn.Legalize``, :data:`~relay_tasks.gates.OP_TRIGGERS`) are skipped where they would
     change nothing.
     """
     transform = relay.transform
     return [
         transform.RemoveUnusedFunctions(["main"]),
-        transform.ToBasicBlockNormalForm(),
+        ToBasicBlockNormalForm(),
         # C++'s qnn.Legalize (QnnLegalize then QnnCanonicalize); the Python helper of the same
         # name only legalizes.
         QnnLegalize(),
-        transform.Legalize(),
+        Legalize(),
         op_gated(transform.SimplifyInference()),
         EtaExpand(),
         # Upstream passes a skip callback that always answers "no": the same as none.
-        transform.EliminateCommonSubexpr(),
+        EliminateCommonSubexpr(),
         transform.CombineParallelConv2D(min_num_branches=3),
         transform.CombineParallelDense(min_num_branches=3),
         transform.CombineParallelBatchMatmul(min_num_branches=3),
         FoldConstant(),
         Group(
             "FoldScaleAxis",
-            (transform.BackwardFoldScaleAxis(), transform.ForwardFoldScaleAxis(), FoldConstant()),
+            (
+                op_gated(transform.BackwardFoldScaleAxis()),
+                op_gated(transform.ForwardFoldScaleAxis()),
+                FoldConstant(),
+            ),
         ),
         SimplifyExpr(),
         op_gated(transform.CanonicalizeCast()),
@@ -187,16 +194,20 @@ def pass_prefix() -> list[Step]:
     ]
 
 
-def run_passes(steps: Sequence[Step], mod: IRModule) -> IRModule:
+def run_passes(steps: Sequence[Step], mod: IRModule, *, typed: bool = False) -> IRModule:
     """Run passes as upstream's ``Sequential`` does, minus type inference that changes nothing.
 
     Like ``Sequential``: a pass runs if the current PassContext enables it (not disabled; opt
     level high enough, or required), after the passes it requires. Unlike it, a required
     ``InferType`` is skipped when the module is already typed: every Relay function pass ends by
     inferring types itself, so the next pass's required ``InferType`` only rebuilds an unchanged
-    module (about 0.1 s per call on ResNet-50).
+    module (about 0.1 s per call on ResNet-50). ``typed`` says that ``mod`` comes from type
+    inference.
     """
-    return _Runner(PassContext.current()).run(steps, mod)
+    runner = _Runner(PassContext.current())
+    if typed:
+        runner.typed_now(mod)
+    return runner.run(steps, mod)
 
 
 class _Runner:
@@ -225,13 +236,13 @@ class _Runner:
                     continue
                 mod = _named_pass(str(name))(mod)
                 if str(name) == "InferType":
-                    self._typed_now(mod)
+                    self.typed_now(mod)
             mod = step(mod)
             if isinstance(step, relay.transform.FunctionPass) or info.name in _TYPED_OUTPUT:
-                self._typed_now(mod)
+                self.typed_now(mod)
         return mod
 
-    def _typed_now(self, mod: IRModule) -> None:
+    def typed_now(self, mod: IRModule) -> None:
         # The typed functions themselves, not the module: TVM's EtaExpand replaces the functions
         # of the module it is given, in place, by untyped ones.
         self.typed = dict(mod.functions.items())
@@ -247,7 +258,16 @@ class _Runner:
 
 
 #: Our module passes, which like the function passes they stand in for return typed modules.
-_TYPED_OUTPUT = frozenset({"FoldConstant", "SimplifyExpr", "SimplifyExprPostAlterOp", *OP_TRIGGERS})
+_TYPED_OUTPUT = frozenset(
+    {
+        "FoldConstant",
+        "SimplifyExpr",
+        "SimplifyExprPostAlterOp",
+        "Legalize",
+        "EliminateCommonSubexpr",
+        *OP_TRIGGERS,
+    }
+)
 
 
 def _named_pass(name: str) -> tvm.transform.Pass:
@@ -341,7 +361,7 @@ def optimize(mod: IRModule, params: Mapping[str, tvm.nd.NDArray]) -> IRModule:
     try:
         steps = [*pass_prefix(), relay.transform.FuseOps()]
         with deferred_placeholders() as unfilled, memoized_layout_hooks():
-            fused = run_passes(steps, bind_params(mod, params))
+            fused = run_passes(steps, type_check(bind_params(mod, params)), typed=True)
             refuse_placeholders(fused, unfilled)
         return fused
     except RelayTasksError:

@@ -1,5 +1,4 @@
-"""``SimplifyExpr``, ``SimplifyExprPostAlterOp``, ``qnn.Legalize`` and the passes that rewrite only
-calls to a few ops, skipped when they provably change nothing.
+"""``SimplifyExpr`` and ``SimplifyExprPostAlterOp``, skipped when they provably change nothing.
 
 Both passes run a list of pattern rewrites to a fixed point, type-checking the whole graph and
 regrouping pattern matches once per rewrite per round: about 4 s of a 10 s ResNet-50 pipeline,
@@ -7,10 +6,7 @@ usually to change nothing at all. Each rewrite changes the graph only at a call 
 shape (``reshape(reshape(x))``, ``add(x, x)``, ``x * 1``, ...). Here a cheap, deliberately
 over-inclusive test of every call asks "could any rewrite fire here?"; if no call says yes, the
 pass would return the graph unchanged and is skipped, otherwise the real pass runs. A test runs the
-real passes wherever the screen says "no" and checks that they change nothing. ``qnn.Legalize``
-rewrites only ``qnn.*`` calls, yet type-checks and rebuilds the whole graph (weights included)
-on float models too; so do ``SimplifyInference``, ``CanonicalizeCast``, ``CanonicalizeOps`` and
-``FlattenAtrousConv`` on models without the ops they rewrite (:func:`op_gated`).
+real passes wherever the screen says "no" and checks that they change nothing.
 """
 
 from __future__ import annotations
@@ -367,89 +363,3 @@ def SimplifyExprPostAlterOp() -> tvm.transform.Pass:
     """``SimplifyExprPostAlterOp``, skipped where it would change nothing."""
     real = tvm.get_global_func("relay._transform.SimplifyExprPostAlterOp")
     return _screened("SimplifyExprPostAlterOp", real, POST_ALTER_OP_SCREENS)
-
-
-def QnnLegalize() -> tvm.transform.Pass:
-    """C++'s ``qnn.Legalize``, skipped on models without qnn ops: it lowers them (QnnLegalize,
-    then QnnCanonicalize) and touches nothing else."""
-    return _skipped_unless(tvm.get_global_func("relay.qnn._transform.Legalize")(), has_qnn_ops)
-
-
-def has_qnn_ops(mod: tvm.IRModule) -> bool:
-    return any(op.startswith("qnn.") for op in ops_in(mod))
-
-
-#: Function passes that rewrite calls to these ops only (their C++ sources), and nothing where
-#: none occurs: a batch-norm, dropout or normalisation unpacked; an upcast shared by
-#: elementwise ops duplicated; ``bias_add`` expanded; ``space_to_batch_nd`` -> conv2d ->
-#: ``batch_to_space_nd`` flattened into a dilated conv2d.
-OP_TRIGGERS: dict[str, frozenset[str]] = {
-    "SimplifyInference": frozenset(
-        {
-            "nn.batch_norm",
-            "nn.dropout",
-            "nn.instance_norm",
-            "nn.layer_norm",
-            "nn.group_norm",
-            "nn.l2_normalize",
-        }
-    ),
-    "CanonicalizeCast": frozenset({"cast"}),
-    "CanonicalizeOps": frozenset({"nn.bias_add"}),
-    "FlattenAtrousConv": frozenset({"nn.space_to_batch_nd"}),
-}
-
-
-def op_gated(real: tvm.transform.Pass) -> tvm.transform.Pass:
-    """``real`` (a pass of :data:`OP_TRIGGERS`), skipped when no call in the module is to one of
-    its ops: it would return each function unchanged and the module typed, which it already is
-    (the pass requires type inference first). The ops present come from TVM's own operator
-    census, a C++ walk, so a model without them costs microseconds instead of a rewrite and a
-    re-typing of the whole graph (20-40 ms each on ResNet-50 or GPT-2, and most of a single
-    operator's extraction).
-    """
-    triggers = OP_TRIGGERS[str(real.info.name)]
-    return _skipped_unless(real, lambda mod: not triggers.isdisjoint(ops_in(mod)))
-
-
-def ops_in(mod: tvm.IRModule) -> set[str]:
-    """The names of the ops called anywhere in ``mod`` (fused functions included)."""
-    return {str(op) for op in relay.analysis.list_op_freqs(mod)}
-
-
-def EtaExpand() -> tvm.transform.Pass:
-    """The prefix's ``EtaExpand(expand_constructor=True, expand_global_var=False)``, skipped in
-    modules without constructors: it wraps only constructors used as values, but rebuilds every
-    call (untyped) and updates the module it is given in place, so that the next pass's type
-    inference (a whole-graph re-typing: 40 ms on ResNet-50) would run only to restore what was
-    there. Whether a function has a constructor comes from TVM's feature detector, a C++ walk.
-    """
-    real = relay.transform.EtaExpand(expand_constructor=True, expand_global_var=False)
-    return _skipped_unless(real, has_constructors)
-
-
-def _skipped_unless(
-    real: tvm.transform.Pass, needed: Callable[[tvm.IRModule], bool]
-) -> tvm.transform.Pass:
-    """``real`` under its own name, opt level and requirements, run only on modules where
-    ``needed`` says it could change something; elsewhere the module is returned as it is."""
-    info = real.info
-
-    @tvm.transform.module_pass(  # type: ignore[untyped-decorator]
-        opt_level=int(info.opt_level), name=str(info.name), required=list(info.required)
-    )
-    def gated(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        return real(mod) if needed(mod) else mod
-
-    return gated
-
-
-def has_constructors(mod: tvm.IRModule) -> bool:
-    """Whether any Relay function of ``mod`` mentions an ADT constructor."""
-    from tvm.relay.analysis.feature import Feature
-
-    return any(
-        Feature.fConstructor in relay.analysis.detect_feature(func)
-        for func in mod.functions.values()
-        if isinstance(func, relay.Function)
-    )

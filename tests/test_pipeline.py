@@ -126,125 +126,6 @@ def test_screened_simplifications_skip_only_no_ops(model: str, target: str) -> N
     assert checked or model == "simplify_patterns"
 
 
-_GATED = {
-    "SimplifyInference": relay.transform.SimplifyInference,
-    "CanonicalizeCast": relay.transform.CanonicalizeCast,
-    "CanonicalizeOps": relay.transform.CanonicalizeOps,
-    "FlattenAtrousConv": relay.transform.FlattenAtrousConv,
-    "EtaExpand": lambda: relay.transform.EtaExpand(
-        expand_constructor=True, expand_global_var=False
-    ),
-    "qnn.Legalize": tvm.get_global_func("relay.qnn._transform.Legalize"),
-}
-
-
-def _gate_skips(name: str, mod: tvm.IRModule) -> bool:
-    if name == "EtaExpand":
-        return not simplify.has_constructors(mod)
-    if name == "qnn.Legalize":
-        return not simplify.has_qnn_ops(mod)
-    return simplify.OP_TRIGGERS[name].isdisjoint(simplify.ops_in(mod))
-
-
-@pytest.mark.parametrize(("model", "target"), model_target_rows())
-def test_gated_passes_skip_only_no_ops(model: str, target: str) -> None:
-    """Wherever a pass is skipped for want of the ops (or constructors) it rewrites, the real
-    pass returns the module unchanged."""
-    mod, params = load(model)
-    skipped = set()
-    for name, typed in modules_before_each_pass(mod, params, target):
-        if name in _GATED and _gate_skips(name, typed):
-            # A module of its own: EtaExpand updates the one it is given.
-            given = tvm.IRModule(typed.functions, typed.type_definitions)
-            assert tvm.ir.structural_equal(_GATED[name]()(given), typed)
-            skipped.add(name)
-    assert {"EtaExpand", "FlattenAtrousConv", "qnn.Legalize"} <= skipped
-
-
-def _conv_nhwc(x: relay.Expr, dilation: int = 1) -> relay.Expr:
-    weight = relay.const(np.ones((3, 3, 4, 4), "float32"))
-    return relay.nn.conv2d(
-        x, weight, kernel_size=(3, 3), dilation=dilation, data_layout="NHWC", kernel_layout="HWIO"
-    )
-
-
-def _trigger_graphs() -> dict[tuple[str, str], relay.Function]:
-    """For each op a gated pass rewrites, a graph where it does."""
-    x = relay.var("x", shape=(1, 4, 8, 8))
-    nhwc = relay.var("x", shape=(1, 8, 8, 4))
-    ones = relay.const(np.ones(4, "float32"))
-    eights = relay.const(np.ones(8, "float32"))
-    half = relay.var("h", shape=(4,), dtype="float16")
-    up = relay.cast(half, "float32")
-    s2b = relay.nn.space_to_batch_nd(nhwc, [2, 2], [[2, 2], [2, 2]])
-    return {
-        ("SimplifyInference", "nn.batch_norm"): relay.Function(
-            [x], relay.nn.batch_norm(x, ones, ones, ones, ones)[0]
-        ),
-        ("SimplifyInference", "nn.dropout"): relay.Function([x], relay.nn.dropout(x)),
-        ("SimplifyInference", "nn.instance_norm"): relay.Function(
-            [x], relay.nn.instance_norm(x, ones, ones)
-        ),
-        ("SimplifyInference", "nn.layer_norm"): relay.Function(
-            [x], relay.nn.layer_norm(x, eights, eights)
-        ),
-        ("SimplifyInference", "nn.group_norm"): relay.Function(
-            [x], relay.nn.group_norm(x, ones, ones, num_groups=2)
-        ),
-        ("SimplifyInference", "nn.l2_normalize"): relay.Function(
-            [x], relay.nn.l2_normalize(x, 1e-5, axis=[1])
-        ),
-        ("CanonicalizeCast", "cast"): relay.Function(
-            [half], relay.Tuple([relay.exp(up), relay.log(up)])
-        ),
-        ("CanonicalizeOps", "nn.bias_add"): relay.Function([x], relay.nn.bias_add(x, ones)),
-        ("FlattenAtrousConv", "nn.space_to_batch_nd"): relay.Function(
-            [nhwc], relay.nn.batch_to_space_nd(_conv_nhwc(s2b), [2, 2], [[0, 0], [0, 0]])
-        ),
-    }
-
-
-def test_gated_passes_run_on_every_op_they_rewrite() -> None:
-    """Each op a gate looks for is one its pass rewrites (here, a graph where it does); and
-    every op a gate looks for has such a graph."""
-    graphs = _trigger_graphs()
-    assert set(graphs) == {(n, op) for n, ops in simplify.OP_TRIGGERS.items() for op in ops}
-    for (name, _), func in graphs.items():
-        mod = relay.transform.InferType()(tvm.IRModule.from_expr(func))
-        assert not _gate_skips(name, mod)
-        with tvm.transform.PassContext(opt_level=3):
-            assert not tvm.ir.structural_equal(_GATED[name]()(mod), mod), name
-
-
-def test_qnn_legalize_runs_on_qnn_ops() -> None:
-    x = relay.var("x", shape=(2, 4))
-    scale, zero = relay.const(0.5), relay.const(0)
-    quantized = relay.qnn.op.quantize(x, scale, zero, out_dtype="int8")
-    mod = tvm.IRModule.from_expr(
-        relay.Function([x], relay.qnn.op.dequantize(quantized, scale, zero))
-    )
-    mod = relay.transform.InferType()(mod)
-    assert not _gate_skips("qnn.Legalize", mod)
-    with tvm.target.Target(X86):
-        assert not tvm.ir.structural_equal(_GATED["qnn.Legalize"]()(mod), mod)
-
-
-def test_eta_expand_runs_where_a_constructor_is_a_value() -> None:
-    from tvm.relay.prelude import Prelude
-
-    mod = tvm.IRModule()
-    prelude = Prelude(mod)
-    _, cons, nil = prelude.mod.get_type("List")
-    x = relay.var("x", shape=(), dtype="float32")
-    f = relay.var("f")
-    body = relay.Let(f, cons, relay.Call(f, [x, nil()]))
-    mod["main"] = relay.Function([x], body)
-    mod = relay.transform.InferType()(mod)
-    assert not _gate_skips("EtaExpand", mod)
-    given = tvm.IRModule(mod.functions, mod.type_definitions)
-    assert not tvm.ir.structural_equal(_GATED["EtaExpand"]()(given), mod)
-
-
 def test_screens_fire_on_every_rewrite_they_stand_for() -> None:
     mod, _ = load("simplify_patterns")
     typed = relay.transform.InferType()(mod)
@@ -488,7 +369,7 @@ def test_a_module_is_still_typed_only_while_its_functions_are_the_typed_ones() -
     mod = relay.transform.InferType()(as_module(load("dense_softmax")[0]))
     runner = _Runner(tvm.transform.PassContext())
     assert not runner._still_typed(mod)
-    runner._typed_now(mod)
+    runner.typed_now(mod)
     assert runner._still_typed(mod)
     changed = relay.transform.FoldConstant()(mod)
     assert not changed["main"].same_as(mod["main"])
@@ -498,7 +379,7 @@ def test_a_module_is_still_typed_only_while_its_functions_are_the_typed_ones() -
     grown[relay.GlobalVar("other")] = relay.Function([x], x)
     assert not runner._still_typed(grown)
     fewer = tvm.IRModule({mod.get_global_var("main"): mod["main"]})
-    runner._typed_now(grown)
+    runner.typed_now(grown)
     assert not runner._still_typed(fewer)
 
 
@@ -509,7 +390,7 @@ def test_a_module_changed_in_place_is_not_still_typed() -> None:
 
     mod = relay.transform.InferType()(as_module(load("dense_softmax")[0]))
     runner = _Runner(tvm.transform.PassContext())
-    runner._typed_now(mod)
+    runner.typed_now(mod)
     expanded = relay.transform.EtaExpand(expand_constructor=True, expand_global_var=False)(mod)
     with pytest.raises(ValueError):
         expanded["main"].body.checked_type  # noqa: B018 (untyped: the rebuild)
@@ -617,6 +498,26 @@ def test_a_required_infer_type_runs_only_when_the_module_changed(monkeypatch) ->
     with tvm.transform.PassContext(opt_level=3):
         run_passes([keep, keep, simplify_inference, simplify_inference], mod)
     assert names == ["InferType"]
+
+
+@pytest.mark.parametrize("model", ["conv_bias_bn_relu", "dense_softmax"])
+def test_a_dataflow_model_is_typed_once_with_its_params_bound(model: str, monkeypatch) -> None:
+    """One type inference, of the bound model, before the prefix: none for the unbound one and
+    none required by a pass (every pass after it keeps the module typed)."""
+    from relay_tasks import pipeline
+
+    checked: list[tvm.IRModule] = []
+    real_check = pipeline.type_check
+    monkeypatch.setattr(pipeline, "type_check", lambda mod: checked.append(mod) or real_check(mod))
+    required: list[str] = []
+    real_pass = pipeline._named_pass
+    monkeypatch.setattr(pipeline, "_named_pass", lambda n: required.append(n) or real_pass(n))
+    mod, params = load(model)
+    given = as_module(mod)
+    with extraction_scope(tvm.target.Target(X86), PassSettings(config=dict(DEFAULT_PASS_CONFIG))):
+        optimize(given, params)
+    assert len(checked) == 1 and len(checked[0]["main"].params) < len(given["main"].params)
+    assert required == []
 
 
 def test_a_deferred_constant_inside_a_fused_function_stops_the_extraction(monkeypatch) -> None:

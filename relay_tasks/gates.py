@@ -1,0 +1,263 @@
+"""Passes of the prefix skipped on modules where they provably change nothing.
+
+A Relay function pass ends by type-checking the whole module, whether or not it rewrote
+anything: 20-50 ms each on ResNet-50 or a transformer, and most of a single operator's
+extraction. Each gate here asks a cheap question that TVM answers in C++ (the operator census,
+the feature detector) about what the pass could rewrite; where the answer is "nothing", the
+module (already typed: every pass here requires type inference or keeps types) is returned as
+it is, otherwise the real pass runs. Each gate is checked against its real pass on every model
+of the test zoo, and each reason to run has a graph where the real pass rewrites.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import tvm
+from tvm import relay
+
+
+def _skipped_unless(
+    real: tvm.transform.Pass, needed: Callable[[tvm.IRModule], bool]
+) -> tvm.transform.Pass:
+    """``real`` under its own name, opt level and requirements, run only on modules where
+    ``needed`` says it could change something; elsewhere the module is returned as it is."""
+    info = real.info
+
+    @tvm.transform.module_pass(  # type: ignore[untyped-decorator]
+        opt_level=int(info.opt_level), name=str(info.name), required=list(info.required)
+    )
+    def gated(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        return real(mod) if needed(mod) else mod
+
+    return gated
+
+
+def ops_in(mod: tvm.IRModule) -> set[str]:
+    """The names of the ops called anywhere in ``mod`` (fused functions included)."""
+    return {str(op) for op in relay.analysis.list_op_freqs(mod)}
+
+
+#: Function passes that rewrite only where the module calls an op of each of their sets (their
+#: C++ sources), and nothing elsewhere: a batch-norm, dropout or normalisation unpacked; an
+#: upcast shared by elementwise ops duplicated; ``bias_add`` expanded; ``space_to_batch_nd`` ->
+#: conv2d -> ``batch_to_space_nd`` flattened into a dilated conv2d; a ``multiply`` by a scale
+#: folded into the weight of a convolution or dense it feeds or is fed by (the only op that
+#: makes a scale, and the only ops that absorb one).
+OP_TRIGGERS: dict[str, tuple[frozenset[str], ...]] = {
+    "SimplifyInference": (
+        frozenset(
+            {
+                "nn.batch_norm",
+                "nn.dropout",
+                "nn.instance_norm",
+                "nn.layer_norm",
+                "nn.group_norm",
+                "nn.l2_normalize",
+            }
+        ),
+    ),
+    "CanonicalizeCast": (frozenset({"cast"}),),
+    "CanonicalizeOps": (frozenset({"nn.bias_add"}),),
+    "FlattenAtrousConv": (frozenset({"nn.space_to_batch_nd"}),),
+    "BackwardFoldScaleAxis": (
+        frozenset({"multiply"}),
+        frozenset({"nn.conv2d", "nn.conv3d", "nn.dense"}),
+    ),
+    "ForwardFoldScaleAxis": (
+        frozenset({"multiply"}),
+        frozenset({"nn.conv2d", "nn.conv3d", "nn.dense"}),
+    ),
+}
+
+
+def op_gated(real: tvm.transform.Pass) -> tvm.transform.Pass:
+    """``real`` (a pass of :data:`OP_TRIGGERS`), skipped unless the module calls an op of each of
+    its sets: it would return each function unchanged and the module typed, which it already is
+    (the pass requires type inference first). The ops present come from TVM's own operator
+    census, a C++ walk, so a model without them costs microseconds instead of a rewrite and a
+    re-typing of the whole graph (20-50 ms each on ResNet-50 or GPT-2, and most of a single
+    operator's extraction).
+    """
+    name = str(real.info.name)
+    return _skipped_unless(real, lambda mod: triggered(name, ops_in(mod)))
+
+
+def triggered(name: str, ops: set[str]) -> bool:
+    """Whether ``ops`` (a module's) include one of each of the pass ``name``'s trigger sets."""
+    return all(not group.isdisjoint(ops) for group in OP_TRIGGERS[name])
+
+
+def QnnLegalize() -> tvm.transform.Pass:
+    """C++'s ``qnn.Legalize``, skipped on models without qnn ops: it lowers them (QnnLegalize,
+    then QnnCanonicalize) and touches nothing else."""
+    return _skipped_unless(tvm.get_global_func("relay.qnn._transform.Legalize")(), has_qnn_ops)
+
+
+def has_qnn_ops(mod: tvm.IRModule) -> bool:
+    return any(op.startswith("qnn.") for op in ops_in(mod))
+
+
+def EtaExpand() -> tvm.transform.Pass:
+    """The prefix's ``EtaExpand(expand_constructor=True, expand_global_var=False)``, skipped in
+    modules without constructors: it wraps only constructors used as values, but rebuilds every
+    call (untyped) and updates the module it is given in place, so that the next pass's type
+    inference (a whole-graph re-typing: 40 ms on ResNet-50) would run only to restore what was
+    there. Whether a function has a constructor comes from TVM's feature detector, a C++ walk.
+    """
+    real = relay.transform.EtaExpand(expand_constructor=True, expand_global_var=False)
+    return _skipped_unless(real, has_constructors)
+
+
+def has_constructors(mod: tvm.IRModule) -> bool:
+    """Whether any Relay function of ``mod`` mentions an ADT constructor."""
+    from tvm.relay.analysis.feature import Feature
+
+    return any(
+        Feature.fConstructor in relay.analysis.detect_feature(func)
+        for func in mod.functions.values()
+        if isinstance(func, relay.Function)
+    )
+
+
+def ToBasicBlockNormalForm() -> tvm.transform.Pass:
+    """``relay.transform.ToBasicBlockNormalForm()``, skipped on modules that are dataflow graphs:
+    without a construct that opens a scope (``let``, ``if``, ``match``, a function literal, a
+    reference) every expression lives in the one scope of its function, nothing is lifted into
+    a ``let``, and the pass only rebuilds every call (untyped), so that the next pass's type
+    inference re-types the whole graph (40 ms on ResNet-50) to get back what was there."""
+    return _skipped_unless(relay.transform.ToBasicBlockNormalForm(), has_scopes)
+
+
+#: What a function body of a pure dataflow graph is made of (``fGraph``: a node used twice).
+_DATAFLOW_FEATURES = frozenset(
+    {"fVar", "fGlobalVar", "fConstant", "fTuple", "fTupleGetItem", "fOp", "fCall", "fGraph"}
+)
+
+
+def has_scopes(mod: tvm.IRModule) -> bool:
+    """Whether a Relay function of ``mod`` is more than a dataflow graph of one scope (or has
+    free variables, which the real pass refuses), as TVM's feature detector, a C++ walk, sees
+    its body."""
+    for func in mod.functions.values():
+        if not isinstance(func, relay.Function):
+            continue
+        features = {f.name for f in relay.analysis.detect_feature(func.body)}
+        if not features <= _DATAFLOW_FEATURES or relay.analysis.free_vars(func):
+            return True
+    return False
+
+
+def Legalize() -> tvm.transform.Pass:
+    """``relay.transform.Legalize()``, skipped where every op's legalization hook keeps its call:
+    the pass calls each hook on its call and uses what a hook returns instead. Here the same
+    hooks are asked the same question (the call's attributes, arguments and types) in the same
+    order, up to the first that returns a replacement, when the real pass runs. No hook is asked
+    twice on models where nothing is legalized, which are most float models on CPU and GPU."""
+    return _skipped_unless(relay.transform.Legalize(), legalizes_something)
+
+
+def legalizes_something(mod: tvm.IRModule) -> bool:
+    """Whether a legalization hook replaces a call in ``mod`` (see :func:`Legalize`)."""
+    hooks = {}
+    for name in ops_in(mod):
+        op = tvm.ir.Op.get(name)
+        hook = op.get_attr("FTVMLegalize")
+        if hook is not None:
+            hooks[op.handle.value] = hook
+    if not hooks:
+        return False
+    for call in _calls(mod):
+        hook = hooks.get(call.op.handle.value) if isinstance(call.op, tvm.ir.Op) else None
+        if hook is not None:
+            args = call.args
+            types = [arg.checked_type for arg in args] + [call.checked_type]
+            if hook(call.attrs, args, types) is not None:
+                return True
+    return False
+
+
+def EliminateCommonSubexpr() -> tvm.transform.Pass:
+    """The prefix's ``EliminateCommonSubexpr`` (no skip callback), skipped where no two calls, and
+    no two tuple projections, are equal in its sense (:func:`has_common_subexpressions`)."""
+    return _skipped_unless(relay.transform.EliminateCommonSubexpr(), has_common_subexpressions)
+
+
+def has_common_subexpressions(mod: tvm.IRModule) -> bool:
+    """Whether the pass would merge two expressions of ``mod``: calls to the same stateless op
+    with equal attributes and equivalent arguments (the same node, scalar constants of the same
+    bytes, or tuples of such fields), or projections of the same index from the same tuple.
+
+    Each expression is compared with those before it in post order, as the pass does; where no
+    pair is equal nothing is replaced, so no later comparison of the pass sees a changed
+    argument either.
+    """
+    stateful: dict[int, bool] = {}
+    calls: dict[tuple[Any, ...], list[relay.Call]] = {}
+    projections: set[tuple[int, int]] = set()
+    for node in _nodes(mod):
+        if isinstance(node, relay.TupleGetItem):
+            key = (node.tuple_value.handle.value, int(node.index))
+            if key in projections:
+                return True
+            projections.add(key)
+            continue
+        if not isinstance(node, relay.Call) or not isinstance(node.op, tvm.ir.Op):
+            continue
+        op = node.op
+        if op.handle.value not in stateful:
+            stateful[op.handle.value] = bool(op.get_attr("TOpIsStateful"))
+        args = node.args
+        if not args or stateful[op.handle.value]:
+            continue
+        same_args = calls.setdefault((op.handle.value, *(_argument_key(arg) for arg in args)), [])
+        if any(_same_attrs(node.attrs, other.attrs) for other in same_args):
+            return True
+        same_args.append(node)
+    return False
+
+
+def _argument_key(arg: relay.Expr) -> Any:
+    if isinstance(arg, relay.Tuple):
+        return ("tuple", *(_field_key(field) for field in arg.fields))
+    return _field_key(arg)
+
+
+def _field_key(expr: relay.Expr) -> Any:
+    """The node itself, except that scalar constants of the same dtype and bytes are one (TVM
+    compares constants byte for byte)."""
+    if isinstance(expr, relay.Constant) and len(expr.data.shape) == 0:
+        value = expr.data.numpy()
+        return ("scalar", str(value.dtype), value.tobytes())
+    return expr.handle.value
+
+
+def _same_attrs(a: Any, b: Any) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    return bool(tvm.ir.structural_equal(a, b))
+
+
+def _nodes(mod: tvm.IRModule) -> list[Any]:
+    """Every node of the functions a function pass rewrites, each function in post order."""
+    nodes: list[Any] = []
+    for func in mod.functions.values():
+        if isinstance(func, relay.Function) and _optimizable(func):
+            relay.analysis.post_order_visit(func, nodes.append)
+    return nodes
+
+
+def _calls(mod: tvm.IRModule) -> list[relay.Call]:
+    return [node for node in _nodes(mod) if isinstance(node, relay.Call)]
+
+
+def _optimizable(func: relay.Function) -> bool:
+    """Whether a function pass rewrites ``func``: not for an external compiler, not extern, not
+    marked to skip optimisation (TVM's ``AsOptimizableFunctionNode``)."""
+    attrs = func.attrs
+    if attrs is None:
+        return True
+    if "Compiler" in attrs:
+        return False
+    return not any(key in attrs and int(attrs[key]) for key in ("Extern", "SkipOptimization"))
