@@ -28,7 +28,7 @@ import tvm
 from tvm import relay
 
 from .errors import ExtractionError
-from .ir import is_primitive_task, rebuild, with_functions
+from .ir import is_primitive_task, op_name, rebuild, with_functions
 
 Array = npt.NDArray[Any]
 Evaluator = Callable[[Any, Sequence[Array]], Array | None]
@@ -486,7 +486,7 @@ def evaluate_call(call: relay.Call, args: Sequence[Array], ttype: Any = None) ->
     None means TVM must evaluate it: no evaluator, NaN inputs to anything but a move, or a result
     whose shape or dtype differs from the call's type (``ttype``, inferred here when not given).
     """
-    name = call.op.name
+    name = op_name(call.op)
     evaluator = EVALUATORS.get(name)
     if evaluator is None:
         return None
@@ -503,7 +503,7 @@ def evaluate_call(call: relay.Call, args: Sequence[Array], ttype: Any = None) ->
     if not isinstance(ttype, relay.TensorType) or str(ttype.dtype) != str(result.dtype):
         return None
     shape = tuple(int(d) for d in ttype.shape)
-    if result.size != int(np.prod(shape)) or (result.shape != shape and call.op.name != "reshape"):
+    if result.size != int(np.prod(shape)) or (result.shape != shape and name != "reshape"):
         return None
     if not result.flags.c_contiguous:
         result = contiguous(result)
@@ -597,28 +597,38 @@ class _Prefolder:
 
         left = False
         for node in order:
-            new = rebuild(node, get)
-            if new is None:
-                return func, True  # a node kind this folder does not rebuild: all to TVM
-            if isinstance(new, relay.Call) and isinstance(new.op, tvm.ir.Op):
-                new, kept = self._fold_call(new, node)
-                left = left or kept
+            op = node.op if isinstance(node, relay.Call) else None
+            if isinstance(op, tvm.ir.Op):
+                new, kept = self._fold_call(node, op, get)
             else:
-                left = left or _tvm_rewrites_node(new)
+                new = rebuild(node, get)
+                if new is None:
+                    return func, True  # a node kind this folder does not rebuild: all to TVM
+                kept = _tvm_rewrites_node(new)
+            left = left or kept
             memo[node.handle.value] = new
         folded = memo[func.handle.value]
         if left:
             self._fill_what_tvm_will_read(folded)
         return folded, left
 
-    def _fold_call(self, call: relay.Call, original: relay.Call) -> tuple[relay.Expr, bool]:
-        """The call's value as a constant, or the call itself and whether TVM's FoldConstant may
-        still rewrite it: it evaluates every op call whose arguments are all constants, and
-        looks through ``on_device`` annotations."""
-        operands = _constant_operands(call)
+    def _fold_call(
+        self, original: relay.Call, op: tvm.ir.Op, get: Callable[[Any], Any]
+    ) -> tuple[relay.Expr, bool]:
+        """The op call ``original`` with its arguments folded (``get``), as a constant where it
+        evaluates; else the call and whether TVM's FoldConstant may still rewrite it: it
+        evaluates every op call whose arguments are all constants, and looks through
+        ``on_device`` annotations. (Each field is read once: reads go through TVM's FFI.)"""
+        old_args = list(original.args)
+        args = [get(arg) for arg in old_args]
+        call = original
+        if not all(a.same_as(b) for a, b in zip(args, old_args, strict=True)):
+            call = relay.Call(op, args, original.attrs, original.type_args, original.span)
+        operands = _constant_operands(args)
+        name = op_name(op)
         if operands is None:
-            return call, call.op.name == "on_device"
-        if call.op.name not in EVALUATORS:
+            return call, name == "on_device"
+        if name not in EVALUATORS:
             return call, True
         ttype = _known_type(original, call)
         if self.defer and _is_large(ttype) and _PLACEHOLDERS.get() is not None:
@@ -669,7 +679,7 @@ class _Prefolder:
 
         def visit(node: Any) -> None:
             if isinstance(node, relay.Call) and isinstance(node.op, tvm.ir.Op):
-                for const in _constant_operands(node) or ():
+                for const in _constant_operands(node.args) or ():
                     self.value_of(const)
 
         relay.analysis.post_order_visit(func, visit)
@@ -730,13 +740,13 @@ def _known_type(node: relay.Expr, rebuilt: relay.Expr | None = None) -> Any:
             return None
 
 
-def _constant_operands(call: relay.Call) -> list[relay.Constant] | None:
-    """The call's arguments when all are constants (tuples of constants flattened; Relay's
+def _constant_operands(args: Sequence[relay.Expr]) -> list[relay.Constant] | None:
+    """A call's arguments when all are constants (tuples of constants flattened; Relay's
     types allow nested ones in no op this folder evaluates)."""
-    if not call.args:
+    if not args:
         return None
     flat: list[relay.Constant] = []
-    pending = list(reversed(call.args))
+    pending = list(reversed(args))
     while pending:
         arg = pending.pop()
         if isinstance(arg, relay.Tuple):

@@ -169,7 +169,8 @@ def legalizes_something(mod: tvm.IRModule) -> bool:
     if not hooks:
         return False
     for call in _calls(mod):
-        hook = hooks.get(call.op.handle.value) if isinstance(call.op, tvm.ir.Op) else None
+        op = call.op
+        hook = hooks.get(op.handle.value) if isinstance(op, tvm.ir.Op) else None
         if hook is not None:
             args = call.args
             types = [arg.checked_type for arg in args] + [call.checked_type]
@@ -203,9 +204,9 @@ def has_common_subexpressions(mod: tvm.IRModule) -> bool:
                 return True
             projections.add(key)
             continue
-        if not isinstance(node, relay.Call) or not isinstance(node.op, tvm.ir.Op):
+        op = node.op if isinstance(node, relay.Call) else None
+        if not isinstance(op, tvm.ir.Op):
             continue
-        op = node.op
         if op.handle.value not in stateful:
             stateful[op.handle.value] = bool(op.get_attr("TOpIsStateful"))
         args = node.args

@@ -64,42 +64,59 @@ def diagnostic_text(messages: list[str], err: BaseException) -> str:
     return lines[-1] if lines else type(err).__name__
 
 
+_OP_NAMES: dict[int, str] = {}
+
+
+def op_name(op: tvm.ir.Op) -> str:
+    """An op's name, read through TVM's FFI once per op (ops are registered for the life of the
+    process, so the handle names one op for good)."""
+    key = op.handle.value
+    name = _OP_NAMES.get(key)
+    if name is None:
+        name = _OP_NAMES[key] = str(op.name)
+    return name
+
+
 def rebuild(node: Any, get: Callable[[Any], Any]) -> Any:
     """``node`` with its children replaced by ``get(child)`` (``node`` itself when none changed);
     None for a node kind this cannot rebuild (a ``Match``, a reference)."""
     if isinstance(node, (relay.Var, relay.Constant, tvm.ir.Op, relay.GlobalVar)):
         return node
+    # Each child is read once: every read of a node's field is a call through TVM's FFI.
     if isinstance(node, relay.Call):
-        op, args = get(node.op), [get(a) for a in node.args]
-        if op.same_as(node.op) and all(a.same_as(b) for a, b in zip(args, node.args, strict=True)):
+        old_op, old_args = node.op, list(node.args)
+        op, args = get(old_op), [get(a) for a in old_args]
+        if op.same_as(old_op) and all(a.same_as(b) for a, b in zip(args, old_args, strict=True)):
             return node
         return relay.Call(op, args, node.attrs, node.type_args, node.span)
     if isinstance(node, relay.Tuple):
-        fields = [get(f) for f in node.fields]
-        if all(a.same_as(b) for a, b in zip(fields, node.fields, strict=True)):
+        old_fields = list(node.fields)
+        fields = [get(f) for f in old_fields]
+        if all(a.same_as(b) for a, b in zip(fields, old_fields, strict=True)):
             return node
         return relay.Tuple(fields, node.span)
     if isinstance(node, relay.TupleGetItem):
-        tup = get(node.tuple_value)
-        return node if tup.same_as(node.tuple_value) else relay.TupleGetItem(tup, node.index)
+        old_tuple = node.tuple_value
+        tup = get(old_tuple)
+        return node if tup.same_as(old_tuple) else relay.TupleGetItem(tup, node.index)
     if isinstance(node, relay.Function):
-        body = get(node.body)
-        if body.same_as(node.body):
+        old_body = node.body
+        body = get(old_body)
+        if body.same_as(old_body):
             return node
         return relay.Function(
             node.params, body, node.ret_type, node.type_params, node.attrs, node.span
         )
     if isinstance(node, relay.Let):
-        value, body = get(node.value), get(node.body)
-        if value.same_as(node.value) and body.same_as(node.body):
+        old_parts = (node.value, node.body)
+        value, body = (get(part) for part in old_parts)
+        if value.same_as(old_parts[0]) and body.same_as(old_parts[1]):
             return node
         return relay.Let(node.var, value, body)
     if isinstance(node, relay.If):
-        parts = [get(node.cond), get(node.true_branch), get(node.false_branch)]
-        if all(
-            a.same_as(b)
-            for a, b in zip(parts, (node.cond, node.true_branch, node.false_branch), strict=True)
-        ):
+        old_parts = (node.cond, node.true_branch, node.false_branch)
+        parts = [get(part) for part in old_parts]
+        if all(a.same_as(b) for a, b in zip(parts, old_parts, strict=True)):
             return node
         return relay.If(*parts)
     return None

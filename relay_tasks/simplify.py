@@ -20,7 +20,7 @@ import tvm
 from tvm import relay
 from tvm.relay.dataflow_pattern import DFPatternCallback, is_op, rewrite, wildcard
 
-from .ir import with_functions
+from .ir import op_name, with_functions
 from .region import run_on_region
 
 Check = Callable[[relay.Call], bool]
@@ -40,9 +40,8 @@ _IDENTITY_VALUE = {"add": 0.0, "subtract": 0.0, "multiply": 1.0, "divide": 1.0}
 
 
 def _op_name(expr: Any) -> str:
-    if isinstance(expr, relay.Call) and isinstance(expr.op, tvm.ir.Op):
-        return str(expr.op.name)
-    return ""
+    op = expr.op if isinstance(expr, relay.Call) else None
+    return op_name(op) if isinstance(op, tvm.ir.Op) else ""
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -255,7 +254,7 @@ def flagged_calls(func: relay.Function, screens: Iterable[Screen]) -> list[relay
         if isinstance(node, relay.Call):
             op = node.op
             if isinstance(op, tvm.ir.Op):
-                relevant = by_root.get(str(op.name), []) + anywhere
+                relevant = by_root.get(op_name(op), []) + anywhere
                 if any(screen(node) for screen in relevant):
                     calls.append(node)
 
