@@ -108,15 +108,15 @@ def rebuild(node: Any, get: Callable[[Any], Any]) -> Any:
             node.params, body, node.ret_type, node.type_params, node.attrs, node.span
         )
     if isinstance(node, relay.Let):
-        old_parts = (node.value, node.body)
-        value, body = (get(part) for part in old_parts)
-        if value.same_as(old_parts[0]) and body.same_as(old_parts[1]):
+        old_value, old_body = node.value, node.body
+        value, body = get(old_value), get(old_body)
+        if value.same_as(old_value) and body.same_as(old_body):
             return node
         return relay.Let(node.var, value, body)
     if isinstance(node, relay.If):
-        old_parts = (node.cond, node.true_branch, node.false_branch)
-        parts = [get(part) for part in old_parts]
-        if all(a.same_as(b) for a, b in zip(parts, old_parts, strict=True)):
+        branches = (node.cond, node.true_branch, node.false_branch)
+        parts = [get(part) for part in branches]
+        if all(a.same_as(b) for a, b in zip(parts, branches, strict=True)):
             return node
         return relay.If(*parts)
     return None

@@ -24,6 +24,7 @@ from .gates import (
     OP_TRIGGERS,
     EliminateCommonSubexpr,
     EtaExpand,
+    FoldScaleAxis,
     Legalize,
     QnnLegalize,
     ToBasicBlockNormalForm,
@@ -178,8 +179,8 @@ def pass_prefix() -> list[Step]:
         Group(
             "FoldScaleAxis",
             (
-                op_gated(transform.BackwardFoldScaleAxis()),
-                op_gated(transform.ForwardFoldScaleAxis()),
+                FoldScaleAxis(transform.BackwardFoldScaleAxis()),
+                FoldScaleAxis(transform.ForwardFoldScaleAxis()),
                 FoldConstant(),
             ),
         ),

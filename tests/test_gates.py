@@ -43,6 +43,8 @@ def _gate_skips(name: str, mod: tvm.IRModule) -> bool:
         return not gates.has_constructors(mod)
     if name == "qnn.Legalize":
         return not gates.has_qnn_ops(mod)
+    if name in ("BackwardFoldScaleAxis", "ForwardFoldScaleAxis"):
+        return not gates.may_fold_a_scale(mod)
     return not gates.triggered(name, gates.ops_in(mod))
 
 
@@ -206,6 +208,34 @@ def test_fold_scale_axis_needs_a_scale_and_a_weight_to_fold_it_into() -> None:
     for name in ("BackwardFoldScaleAxis", "ForwardFoldScaleAxis"):
         assert _gate_skips(name, scaled) and _gate_skips(name, unscaled)
         assert not _rewrites(name, scaled) and not _rewrites(name, unscaled)
+
+
+@pytest.mark.usefixtures("x86")
+def test_fold_scale_axis_needs_a_path_from_the_scale_to_a_weight() -> None:
+    """A multiply and a dense both present but joined only through an op no scale passes."""
+    rows = relay.var("x", shape=(2, 4))
+    weight = relay.const(np.ones((4, 4), "float32"))
+    apart = relay.nn.dense(relay.exp(relay.multiply(rows, _scale((4,)))), weight)
+    after = relay.multiply(relay.exp(relay.nn.dense(rows, weight)), _scale((4,)))
+    for body in (apart, after):
+        mod = _typed(relay.Function([rows], body))
+        for name in ("BackwardFoldScaleAxis", "ForwardFoldScaleAxis"):
+            assert _gate_skips(name, mod) and not _rewrites(name, mod), name
+    carried = relay.nn.relu(relay.add(relay.nn.dense(rows, weight), _scale((4,))))
+    mod = _typed(relay.Function([rows], relay.multiply(carried, _scale((4,)))))
+    assert not _gate_skips("BackwardFoldScaleAxis", mod)
+    assert _rewrites("BackwardFoldScaleAxis", mod)
+
+
+def test_the_scale_ops_are_those_tvm_registers_the_pass_for() -> None:
+    def registered(attr: str) -> set[str]:
+        names = (str(name) for name in tvm.ir.Op.list_op_names())
+        return {name for name in names if tvm.ir.Op.get(name).get_attr(attr) is not None}
+
+    messages = gates.SCALE_ABSORBERS | gates.SCALE_CARRIERS
+    assert registered("FScaleAxisForwardPrep") | registered("FScaleAxisBackwardPrep") == messages
+    rewrites = registered("FScaleAxisForwardRewrite") | registered("FScaleAxisBackwardTransform")
+    assert rewrites == messages | {"multiply"}
 
 
 def _scope_modules() -> dict[str, tvm.IRModule]:
