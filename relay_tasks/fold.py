@@ -26,6 +26,7 @@ import numpy as np
 import numpy.typing as npt
 import tvm
 from tvm import relay
+from tvm.runtime import Object
 
 from .errors import ExtractionError
 from .ir import is_primitive_task, op_name, rebuild, with_functions
@@ -510,7 +511,8 @@ def evaluate_call(call: relay.Call, args: Sequence[Array], ttype: Any = None) ->
     return result.reshape(shape)
 
 
-#: In the last FoldConstant, results at least this large are not computed unless read.
+#: Inside the pipeline, fold results at least this large are not computed until something reads
+#: them.
 DEFER_MIN_ELEMENTS = 4096
 
 
@@ -518,31 +520,102 @@ def prefold_function(func: relay.Function, *, defer: bool = False) -> tuple[rela
     """Replace each call that numpy can evaluate (all args constant) by its value; also tell
     whether the result still has anything TVM's ``FoldConstant`` rewrites.
 
-    With ``defer``, large results are not computed: the call becomes a constant of the right type
-    whose buffer is filled only when something reads it. That is for the pipeline's last
-    FoldConstant, where what is left of the weights (layout and Winograd transforms) only becomes
-    arguments of fused functions: no pass after it reads those values and no task contains them.
+    With ``defer`` (and inside :func:`deferred_placeholders`), large results are not computed:
+    the call becomes a constant of the right type whose buffer is filled only when something
+    reads it. Most of a model's folded weights (a transformer's transposed matrices, a CNN's
+    scaled and re-laid-out kernels) only ever become arguments of fused functions: no task
+    contains them, and computing them was a third of a transformer's extraction.
     """
     return _Prefolder(defer).fold(func)
 
 
-#: Placeholders of the extraction in progress that are still unfilled, by handle: deferral
-#: happens only inside :func:`deferred_placeholders`, whose caller checks none is ever lowered.
-_PLACEHOLDERS: ContextVar[dict[int, relay.Constant] | None] = ContextVar(
-    "relay_tasks_placeholders", default=None
-)
+class _Deferred:
+    """The deferred results of one extraction: each placeholder still unfilled, and how to
+    compute it, by the address of its buffer (passes rebuild Constant nodes around the same
+    arrays; the placeholders are kept alive here, so no address is reused meanwhile)."""
+
+    def __init__(self) -> None:
+        self.unfilled: dict[int, relay.Constant] = {}
+        self.compute: dict[int, Callable[[], Array]] = {}
+
+
+_DEFERRED: ContextVar[_Deferred | None] = ContextVar("relay_tasks_deferred", default=None)
 
 
 @contextmanager
 def deferred_placeholders() -> Iterator[dict[int, relay.Constant]]:
-    """Allow the last fold to defer large results while this is open; yields the placeholders
-    still unfilled, for :func:`refuse_placeholders` to check once the module is fused."""
-    unfilled: dict[int, relay.Constant] = {}
-    token = _PLACEHOLDERS.set(unfilled)
+    """Allow folds to defer large results while this is open; yields the placeholders still
+    unfilled, for :func:`refuse_placeholders` to check once the module is fused.
+
+    Whoever runs passes in between must fill what they read: :func:`fill_all` before a pass
+    that may read constant values, :func:`fill_within` for the part of a graph a pass sees,
+    :func:`filled_on_read` around Python hooks.
+    """
+    deferred = _Deferred()
+    token = _DEFERRED.set(deferred)
     try:
-        yield unfilled
+        yield deferred.unfilled
     finally:
-        _PLACEHOLDERS.reset(token)
+        _DEFERRED.reset(token)
+
+
+def _raw_data(const: relay.Constant) -> tvm.nd.NDArray:
+    """A constant's NDArray, read without filling it (see :func:`filled_on_read`)."""
+    data: tvm.nd.NDArray = Object.__getattr__(const, "data")
+    return data
+
+
+def fill(const: relay.Constant) -> None:
+    """Compute ``const``'s value now if it is a deferred placeholder."""
+    deferred = _DEFERRED.get()
+    if deferred is None or not deferred.compute:
+        return
+    data = _raw_data(const)
+    key = _buffer(data)
+    compute = deferred.compute.pop(key, None)
+    if compute is not None:
+        data.copyfrom(compute())
+        deferred.unfilled.pop(key, None)
+
+
+def fill_all() -> None:
+    """Compute every deferred value: before anything that may read any constant."""
+    deferred = _DEFERRED.get()
+    if deferred is None:
+        return
+    for const in list(deferred.unfilled.values()):
+        fill(const)
+
+
+def fill_within(mod: tvm.IRModule) -> tvm.IRModule:
+    """Compute the deferred values among ``mod``'s constants (what a pass given ``mod`` sees);
+    returns ``mod``."""
+    deferred = _DEFERRED.get()
+    if deferred is not None and deferred.compute:
+        for func in mod.functions.values():
+            relay.analysis.post_order_visit(func, _fill_if_constant)
+    return mod
+
+
+def _fill_if_constant(node: Any) -> None:
+    if isinstance(node, relay.Constant):
+        fill(node)
+
+
+@contextmanager
+def filled_on_read() -> Iterator[None]:
+    """Make every read of a Relay constant's ``data`` from Python fill it first: for passes
+    that call Python hooks (layout hooks are given the weights, and some read them)."""
+
+    def read(const: relay.Constant) -> tvm.nd.NDArray:
+        fill(const)
+        return _raw_data(const)
+
+    relay.Constant.data = property(read)
+    try:
+        yield
+    finally:
+        del relay.Constant.data
 
 
 def refuse_placeholders(fused: tvm.IRModule, unfilled: Mapping[int, relay.Constant]) -> None:
@@ -552,7 +625,7 @@ def refuse_placeholders(fused: tvm.IRModule, unfilled: Mapping[int, relay.Consta
     if not unfilled:
         return
     # By buffer, not by node: FuseOps rebuilds the Constant nodes around the same arrays.
-    buffers = {_buffer(const.data) for const in unfilled.values()}
+    buffers = {_buffer(_raw_data(const)) for const in unfilled.values()}
     found: list[str] = []
 
     def visit(node: Any) -> None:
@@ -574,9 +647,8 @@ def refuse_placeholders(fused: tvm.IRModule, unfilled: Mapping[int, relay.Consta
 
 class _Prefolder:
     def __init__(self, defer: bool) -> None:
-        self.defer = defer
+        self.deferred = _DEFERRED.get() if defer else None
         self.views: dict[int, Array] = {}
-        self.pending: dict[int, Callable[[], Array]] = {}
 
     def fold(self, func: relay.Function) -> tuple[relay.Function, bool]:
         """The folded function, and whether it still has anything TVM's FoldConstant rewrites.
@@ -607,10 +679,7 @@ class _Prefolder:
                 kept = _tvm_rewrites_node(new)
             left = left or kept
             memo[node.handle.value] = new
-        folded = memo[func.handle.value]
-        if left:
-            self._fill_what_tvm_will_read(folded)
-        return folded, left
+        return memo[func.handle.value], left
 
     def _fold_call(
         self, original: relay.Call, op: tvm.ir.Op, get: Callable[[Any], Any]
@@ -631,8 +700,8 @@ class _Prefolder:
         if name not in EVALUATORS:
             return call, True
         ttype = _known_type(original, call)
-        if self.defer and _is_large(ttype) and _PLACEHOLDERS.get() is not None:
-            return self._deferred_constant(call, operands, ttype), False
+        if self.deferred is not None and _is_large(ttype):
+            return self._deferred_constant(self.deferred, call, operands, ttype), False
         values = [self.value_of(c) for c in operands]
         result = evaluate_call(call, values, ttype)
         if result is None:
@@ -643,7 +712,7 @@ class _Prefolder:
         return relay.Constant(as_ndarray(result)), False
 
     def _deferred_constant(
-        self, call: relay.Call, operands: list[relay.Constant], ttype: Any
+        self, deferred: _Deferred, call: relay.Call, operands: list[relay.Constant], ttype: Any
     ) -> relay.Constant:
         shape = [int(d) for d in ttype.shape]
         const = relay.Constant(tvm.nd.empty(shape, str(ttype.dtype)))
@@ -654,35 +723,17 @@ class _Prefolder:
                 result = _fold_with_tvm(call)
             return result
 
-        self.pending[const.handle.value] = compute
-        unfilled = _PLACEHOLDERS.get()
-        if unfilled is not None:
-            unfilled[const.handle.value] = const
+        key = _buffer(_raw_data(const))
+        deferred.compute[key] = compute
+        deferred.unfilled[key] = const
         return const
 
     def value_of(self, const: relay.Constant) -> Array:
+        fill(const)
         key = const.handle.value
-        compute = self.pending.pop(key, None)
-        if compute is not None:
-            const.data.copyfrom(compute())
-            unfilled = _PLACEHOLDERS.get()
-            if unfilled is not None:
-                unfilled.pop(key, None)
         if key not in self.views:
-            self.views[key] = _view(const.data)
+            self.views[key] = _view(_raw_data(const))
         return self.views[key]
-
-    def _fill_what_tvm_will_read(self, func: relay.Function) -> None:
-        """TVM's FoldConstant runs next and evaluates calls whose args are all constant."""
-        if not self.pending:
-            return
-
-        def visit(node: Any) -> None:
-            if isinstance(node, relay.Call) and isinstance(node.op, tvm.ir.Op):
-                for const in _constant_operands(node.args) or ():
-                    self.value_of(const)
-
-        relay.analysis.post_order_visit(func, visit)
 
 
 def _same_buffer(result: Array, operand: Array) -> bool:
@@ -784,10 +835,10 @@ def links_params(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> bool:
     return attrs is not None and "link-params" in attrs and bool(attrs["link-params"])
 
 
-def fold_module(mod: tvm.IRModule, ctx: tvm.transform.PassContext, last: bool) -> tvm.IRModule:
+def fold_module(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
     """:class:`FoldConstant`'s work: every Relay function prefolded in numpy, then TVM's fold
-    where anything is left for it."""
-    defer = last and not links_params(mod, ctx)
+    where anything is left for it (after computing every deferred value: it may read any)."""
+    defer = not links_params(mod, ctx)
     updates = {}
     left_for_tvm = False
     for gvar, func in mod.functions.items():
@@ -797,6 +848,7 @@ def fold_module(mod: tvm.IRModule, ctx: tvm.transform.PassContext, last: bool) -
             if not folded.same_as(func):
                 updates[gvar] = folded
     if left_for_tvm:
+        fill_all()
         return relay.transform.FoldConstant()(with_functions(mod, updates))
     return only_typed(with_functions(mod, updates), changed=bool(updates))
 
@@ -837,13 +889,10 @@ def _tvm_rewrites_node(node: Any) -> bool:
 class FoldConstant:  # pragma: no mutate block
     """Drop-in for ``relay.transform.FoldConstant()``: numpy first, TVM for what remains.
 
-    ``last=True`` marks the pipeline's final fold before FuseOps, where large results may be
-    deferred (see :func:`prefold_function`), unless FuseOps will link constants into the fused
-    functions (``relay.FuseOps.link_params``).
+    Inside :func:`deferred_placeholders`, large results are deferred (see
+    :func:`prefold_function`), unless FuseOps will link constants into the fused functions
+    (``relay.FuseOps.link_params``).
     """
 
-    def __init__(self, last: bool = False) -> None:
-        self.last = last
-
     def transform_module(self, mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        return fold_module(mod, ctx, self.last)
+        return fold_module(mod, ctx)

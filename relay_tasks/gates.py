@@ -17,23 +17,27 @@ from typing import Any
 import tvm
 from tvm import relay
 
-from .ir import op_name
+from .fold import fill_all
+from .ir import op_name, stand_in
 
 
 def _skipped_unless(
-    real: tvm.transform.Pass, needed: Callable[[tvm.IRModule], bool]
+    real: tvm.transform.Pass,
+    needed: Callable[[tvm.IRModule], bool],
+    prepare: Callable[[], None] | None = None,
 ) -> tvm.transform.Pass:
-    """``real`` under its own name, opt level and requirements, run only on modules where
-    ``needed`` says it could change something; elsewhere the module is returned as it is."""
-    info = real.info
+    """``real`` under its own name, opt level and requirements, run (after ``prepare``) only on
+    modules where ``needed`` says it could change something; elsewhere the module is returned
+    as it is."""
 
-    @tvm.transform.module_pass(  # type: ignore[untyped-decorator]
-        opt_level=int(info.opt_level), name=str(info.name), required=list(info.required)
-    )
-    def gated(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        return real(mod) if needed(mod) else mod
+    def run(mod: tvm.IRModule) -> tvm.IRModule:
+        if not needed(mod):
+            return mod
+        if prepare is not None:
+            prepare()
+        return real(mod)
 
-    return gated
+    return stand_in(real, run)
 
 
 def ops_in(mod: tvm.IRModule) -> set[str]:
@@ -95,8 +99,9 @@ def triggered(name: str, ops: set[str]) -> bool:
 def FoldScaleAxis(real: tvm.transform.Pass) -> tvm.transform.Pass:
     """``real`` (Backward- or ForwardFoldScaleAxis), skipped where no scale can reach a weight
     (:func:`may_fold_a_scale`). Transformers have both multiplies and dense layers, but not
-    joined: the two passes would re-type the module for nothing (40 ms on BERT-base)."""
-    return _skipped_unless(real, may_fold_a_scale)
+    joined: the two passes would re-type the module for nothing (40 ms on BERT-base). Where
+    they run, deferred fold results are computed first: a scale's sign is read."""
+    return _skipped_unless(real, may_fold_a_scale, prepare=fill_all)
 
 
 def may_fold_a_scale(mod: tvm.IRModule) -> bool:

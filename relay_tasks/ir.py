@@ -64,6 +64,22 @@ def diagnostic_text(messages: list[str], err: BaseException) -> str:
     return lines[-1] if lines else type(err).__name__
 
 
+def stand_in(
+    real: tvm.transform.Pass, run: Callable[[tvm.IRModule], tvm.IRModule]
+) -> tvm.transform.Pass:
+    """A module pass under ``real``'s name, opt level and requirements (so a PassContext
+    enables, disables and requires it as it would ``real``) that does ``run``."""
+    info = real.info
+
+    @tvm.transform.module_pass(  # type: ignore[untyped-decorator]
+        opt_level=int(info.opt_level), name=str(info.name), required=list(info.required)
+    )
+    def standing_in(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        return run(mod)
+
+    return standing_in
+
+
 _OP_NAMES: dict[int, str] = {}
 
 

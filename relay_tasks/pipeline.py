@@ -19,7 +19,13 @@ from tvm.ir.transform import PassContext
 from tvm.target import Target
 
 from .errors import ExtractionError, ModelError, RelayTasksError, describe_failure
-from .fold import FoldConstant, deferred_placeholders, refuse_placeholders
+from .fold import (
+    FoldConstant,
+    deferred_placeholders,
+    fill_all,
+    filled_on_read,
+    refuse_placeholders,
+)
 from .gates import (
     OP_TRIGGERS,
     EliminateCommonSubexpr,
@@ -31,7 +37,7 @@ from .gates import (
     op_gated,
 )
 from .inputs import type_check
-from .ir import with_functions
+from .ir import stand_in, with_functions
 from .simplify import SimplifyExpr, SimplifyExprPostAlterOp
 
 
@@ -188,10 +194,11 @@ def pass_prefix() -> list[Step]:
         op_gated(transform.CanonicalizeCast()),
         op_gated(transform.CanonicalizeOps()),
         op_gated(transform.FlattenAtrousConv()),
-        transform.AlterOpLayout(),
+        # Its Python layout hooks are given the weights; what they read is computed then.
+        _reads_filled(transform.AlterOpLayout()),
         SimplifyExprPostAlterOp(),
         transform.FastMath(),
-        FoldConstant(last=True),
+        FoldConstant(),
     ]
 
 
@@ -238,6 +245,8 @@ class _Runner:
                 mod = _named_pass(str(name))(mod)
                 if str(name) == "InferType":
                     self.typed_now(mod)
+            if str(info.name) not in _FILLS_WHAT_IT_READS:
+                fill_all()
             mod = step(mod)
             if isinstance(step, relay.transform.FunctionPass) or info.name in _TYPED_OUTPUT:
                 self.typed_now(mod)
@@ -258,9 +267,40 @@ class _Runner:
         )
 
 
+#: Steps that read no constant's value, or compute the deferred ones they read (see
+#: :func:`~relay_tasks.fold.deferred_placeholders`): every other step runs only once all of
+#: them are computed.
+_FILLS_WHAT_IT_READS = frozenset(
+    {
+        "FoldConstant",  # ours: numpy asks for what it reads; TVM's runs after fill_all
+        "SimplifyExpr",  # ours: screens read scalars only; TVM's pass runs on filled cuts
+        "SimplifyExprPostAlterOp",
+        "BackwardFoldScaleAxis",  # gated: fills all where it runs
+        "ForwardFoldScaleAxis",
+        "AlterOpLayout",  # C++ reads none; Python hooks fill on read
+        "CanonicalizeCast",  # C++ rewrites of casts, bias_add, space_to_batch_nd: no reads
+        "CanonicalizeOps",
+        "FlattenAtrousConv",
+        "FastMath",
+        "FuseOps",
+    }
+)
+
+
+def _reads_filled(real: tvm.transform.Pass) -> tvm.transform.Pass:
+    """``real``, with every constant its Python hooks read computed first."""
+
+    def run(mod: IRModule) -> IRModule:
+        with filled_on_read():
+            return real(mod)
+
+    return stand_in(real, run)
+
+
 #: Our module passes, which like the function passes they stand in for return typed modules.
 _TYPED_OUTPUT = frozenset(
     {
+        "AlterOpLayout",
         "FoldConstant",
         "SimplifyExpr",
         "SimplifyExprPostAlterOp",

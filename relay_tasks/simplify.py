@@ -20,6 +20,7 @@ import tvm
 from tvm import relay
 from tvm.relay.dataflow_pattern import DFPatternCallback, is_op, rewrite, wildcard
 
+from .fold import fill_within
 from .ir import op_name, with_functions
 from .region import run_on_region
 
@@ -289,7 +290,7 @@ def simplify_locally(
             if calls is None:
                 return None
             if calls:
-                run = _merge_reshapes if _only_reshape_pairs(calls, screens) else real()
+                run = _merge_reshapes if _only_reshape_pairs(calls, screens) else _filled(real())
                 new = run_on_region(mod[gvar], calls, run)
                 if new is None:
                     return None
@@ -299,6 +300,12 @@ def simplify_locally(
         mod = relay.transform.InferType()(with_functions(mod, updates))
         flagged = None
     return None
+
+
+def _filled(real: tvm.transform.Pass) -> Callable[[tvm.IRModule], tvm.IRModule]:
+    """``real`` on a cut whose deferred constants are computed first: TVM's rewrites fold
+    constant subexpressions (``c1 * c2``) with TVM's own evaluator, which reads them."""
+    return lambda cut: real(fill_within(cut))
 
 
 def _only_reshape_pairs(calls: list[relay.Call], screens: tuple[Screen, ...]) -> bool:
@@ -348,7 +355,7 @@ def _screened(
         if not _any_flagged(flagged):
             return mod
         settled = simplify_locally(mod, real, screens, flagged)
-        return real()(mod) if settled is None else settled
+        return real()(fill_within(mod)) if settled is None else settled
 
     return screened
 

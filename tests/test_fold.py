@@ -28,6 +28,7 @@ from relay_tasks.fold import EVALUATORS, evaluate_call, layout_transform, prefol
 from relay_tasks.inputs import as_module
 from relay_tasks.pipeline import PassSettings, extraction_scope, optimize
 
+from checks import assert_meta_schedule_matches
 from zoo import CUDA, X86, load, model_target_rows
 
 EXAMPLES = int(os.environ.get("RELAY_TASKS_FOLD_EXAMPLES", "20"))
@@ -773,7 +774,7 @@ def test_folded_module_equals_upstream_fold_constant(target: str) -> None:
     """Whole pipeline up to FuseOps, ours vs upstream's pass prefix: the same module.
 
     With ``link_params`` FuseOps puts the weights inside the fused functions, so every folded
-    value is compared here, and our last fold computes them all (nothing is deferred).
+    value is compared here, and our folds compute them all (nothing is deferred).
     """
     mod, params = load("conv_bias_bn_relu")
     tgt = tvm.target.Target(target)
@@ -788,12 +789,12 @@ def test_folded_module_equals_upstream_fold_constant(target: str) -> None:
 
 
 def _fold_both(func: relay.Function) -> tuple[tvm.IRModule, tvm.IRModule]:
-    """Our last fold as the pipeline runs it (deferral allowed, placeholders tracked), TVM's."""
+    """Our fold as the pipeline runs it (deferral allowed, placeholders tracked), TVM's."""
     from relay_tasks.fold import FoldConstant, deferred_placeholders
 
     mod = relay.transform.InferType()(tvm.IRModule.from_expr(func))
     with tvm.transform.PassContext(opt_level=3), deferred_placeholders():
-        return FoldConstant(last=True)(mod), relay.transform.FoldConstant()(mod)
+        return FoldConstant()(mod), relay.transform.FoldConstant()(mod)
 
 
 def test_deferred_results_are_computed_when_something_reads_them() -> None:
@@ -817,14 +818,14 @@ def test_deferred_results_that_nothing_reads_are_never_computed(monkeypatch) -> 
     folded, upstream = ours["main"].body.args[1], theirs["main"].body.args[1]
     assert isinstance(folded, relay.Constant)
     assert folded.data.shape == upstream.data.shape and folded.data.dtype == upstream.data.dtype
-    assert calls == []  # the last fold left the value of a fused function's argument alone
+    assert calls == []  # the fold left the value of a fused function's argument alone
     small = relay.Function([x], relay.add(x, relay.reshape(relay.const(w[:1, :64]), (64,))))
     _fold_both(small)
     assert calls == ["r"]  # small results are computed as usual
     # Outside the pipeline's guard nothing is deferred: a lone FoldConstant computes it all.
     mod = relay.transform.InferType()(tvm.IRModule.from_expr(func))
     with tvm.transform.PassContext(opt_level=3):
-        fold.FoldConstant(last=True)(mod)
+        fold.FoldConstant()(mod)
     assert calls == ["r", "r"]
 
 
@@ -842,13 +843,13 @@ def test_placeholders_are_tracked_until_filled_and_the_size_bound_is_inclusive()
     for func, left in ((unread, 1), (read, 0)):
         mod = relay.transform.InferType()(tvm.IRModule.from_expr(func))
         with tvm.transform.PassContext(opt_level=3), deferred_placeholders() as unfilled:
-            FoldConstant(last=True)(mod)
+            FoldConstant()(mod)
             assert [tuple(c.data.shape) for c in unfilled.values()] == [(side, side)] * left
     y = relay.var("y", shape=(side - 1, side))
     smaller = relay.Function([y], relay.add(y, relay.transpose(relay.const(w[:, 1:]))))
     mod = relay.transform.InferType()(tvm.IRModule.from_expr(smaller))
     with tvm.transform.PassContext(opt_level=3), deferred_placeholders() as unfilled:
-        FoldConstant(last=True)(mod)
+        FoldConstant()(mod)
         assert unfilled == {}
 
 
@@ -1057,3 +1058,69 @@ def test_an_unfilled_placeholder_inside_a_fused_function_is_named() -> None:
     )
     with pytest.raises(ExtractionError, match="is inside a function;"):
         refuse_placeholders(unnamed, {placeholder.handle.value: placeholder})
+
+
+def _scaled_conv(scale: relay.Expr) -> tvm.IRModule:
+    """conv2d (4096 channels) -> relu -> multiply by ``scale``: BackwardFoldScaleAxis folds the
+    scale into the weight only if it reads every element as positive (relu comes between)."""
+    x = relay.var("x", shape=(1, 4, 2, 2))
+    weight = relay.const(np.full((4096, 4, 1, 1), 0.5, "float32"))
+    conv = relay.nn.relu(relay.nn.conv2d(x, weight, kernel_size=(1, 1), channels=4096))
+    return tvm.IRModule.from_expr(relay.Function([x], relay.multiply(conv, scale)))
+
+
+def test_a_deferred_scale_is_computed_before_fold_scale_axis_reads_its_sign() -> None:
+    """The scale is a fold result large enough to be deferred; the scale pass reads it in C++."""
+    positive = relay.const(np.linspace(1, 2, 4096, dtype="float32"))
+    mod = _scaled_conv(relay.reshape(positive, (4096, 1, 1)))
+    tasks = assert_meta_schedule_matches(mod, {}, X86)
+    assert not any("multiply" in t.task_name for t in tasks)  # the scale was folded away
+
+
+def test_a_deferred_constant_is_computed_before_tvm_simplifies_a_cut_holding_it() -> None:
+    """``(x * c1) * c2`` with c1 deferred: TVM's rewrite folds ``c1 * c2`` with its evaluator."""
+    x = relay.var("x", shape=(64, 64))
+    c1 = relay.transpose(relay.const(np.linspace(1, 2, 4096, dtype="float32").reshape(64, 64)))
+    c2 = relay.const(np.float32(3))
+    mod = tvm.IRModule.from_expr(relay.Function([x], relay.exp(x * c1 * c2)))
+    left, (ours, theirs) = _prefix_and_ours(mod)
+    assert tvm.ir.structural_equal(ours, theirs)
+    assert left == {}  # c1 was read, so computed
+
+
+def _prefix_and_ours(mod: tvm.IRModule) -> tuple[Any, tuple[tvm.IRModule, tvm.IRModule]]:
+    """Our pipeline (deferral on) and upstream's prefix + FuseOps, with every constant still
+    outside a fused function computed in ours (as something would compute it on reading)."""
+    from relay_tasks.fold import deferred_placeholders, fill_all
+
+    with (
+        extraction_scope(tvm.target.Target(X86), PassSettings(config=dict(DEFAULT_PASS_CONFIG))),
+        deferred_placeholders() as unfilled,
+    ):
+        ours = optimize(as_module(mod), {})
+        left = dict(unfilled)
+        fill_all()
+    prefix = tvm.get_global_func("relay.backend.GetPassPrefixSeq")(True, True)
+    with tvm.target.Target(X86), tvm.transform.PassContext(3, config=dict(DEFAULT_PASS_CONFIG)):
+        theirs = tvm.transform.Sequential([prefix, relay.transform.FuseOps()])(mod)
+    return left, (ours, theirs)
+
+
+def test_python_hooks_read_deferred_weights_computed(monkeypatch) -> None:
+    """A layout hook that reads the weight it is given sees the folded values."""
+    seen: list[np.ndarray] = []
+
+    def hook(attrs: Any, inputs: Any, tinfos: Any, out_type: Any) -> None:
+        if isinstance(inputs[1], relay.Constant):
+            seen.append(inputs[1].data.numpy())
+
+    from tvm import topi
+
+    monkeypatch.setattr(topi.nn, "dense_alter_layout", hook)
+    values = np.linspace(-1, 1, 64 * 128, dtype="float32").reshape(128, 64)
+    x = relay.var("x", shape=(2, 64))
+    weight = relay.transpose(relay.const(values.T.copy()))  # large: deferred by the first fold
+    mod = tvm.IRModule.from_expr(relay.Function([x], relay.nn.dense(x, weight)))
+    with extraction_scope(tvm.target.Target(X86), PassSettings(config=dict(DEFAULT_PASS_CONFIG))):
+        optimize(as_module(mod), {})
+    assert seen and all(np.array_equal(s, values) for s in seen)

@@ -531,3 +531,27 @@ def test_a_deferred_constant_inside_a_fused_function_stops_the_extraction(monkey
     scope = extraction_scope(tvm.target.Target(X86), PassSettings(config=config))
     with scope, pytest.raises(ExtractionError, match="deferred and never computed is inside"):
         optimize(as_module(mod), params)
+
+
+def test_a_pass_not_known_to_leave_constants_unread_gets_them_computed() -> None:
+    """Deferred fold results are computed before any step outside the runner's list."""
+    from relay_tasks.fold import FoldConstant, deferred_placeholders
+
+    values = np.linspace(-1, 1, 4096, dtype="float32").reshape(64, 64)
+    x = relay.var("x", shape=(64, 64))
+    mod = tvm.IRModule.from_expr(relay.Function([x], x + relay.transpose(relay.const(values))))
+    seen: list[np.ndarray] = []
+
+    def read(mod: tvm.IRModule, ctx: Any) -> tvm.IRModule:
+        relay.analysis.post_order_visit(
+            mod["main"],
+            lambda n: seen.append(n.data.numpy()) if isinstance(n, relay.Constant) else None,
+        )
+        return mod
+
+    reader = tvm.transform.module_pass(read, opt_level=0, name="Reader")
+    with tvm.transform.PassContext(opt_level=3), deferred_placeholders() as unfilled:
+        folded = run_passes([FoldConstant()], relay.transform.InferType()(mod))
+        assert len(unfilled) == 1  # deferred, so far
+        run_passes([reader], folded)
+    assert len(seen) == 1 and np.array_equal(seen[0], values.T)
