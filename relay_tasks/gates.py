@@ -71,7 +71,6 @@ OP_TRIGGERS: dict[str, tuple[frozenset[str], ...]] = {
             }
         ),
     ),
-    "CanonicalizeCast": (frozenset({"cast"}),),
     "CanonicalizeOps": (frozenset({"nn.bias_add"}),),
     "FlattenAtrousConv": (frozenset({"nn.space_to_batch_nd"}),),
     "BackwardFoldScaleAxis": (frozenset({"multiply"}), SCALE_ABSORBERS),
@@ -136,6 +135,49 @@ def _reaches(expr: relay.Expr, targets: frozenset[str]) -> bool:
         if name in SCALE_CARRIERS:
             pending.extend(node.args)
     return False
+
+
+def CanonicalizeCast() -> tvm.transform.Pass:
+    """``relay.transform.CanonicalizeCast()``, skipped where no upcast is shared by two
+    elementwise or broadcast calls (:func:`has_shared_upcasts`)."""
+    return _skipped_unless(relay.transform.CanonicalizeCast(), has_shared_upcasts)
+
+
+#: TVM's ``TOpPattern`` of broadcast ops: this and lower (elementwise) make a call a user that
+#: ``CanonicalizeCast`` gives a cast of its own.
+_BROADCAST = 1
+
+
+def has_shared_upcasts(mod: tvm.IRModule) -> bool:
+    """Whether a ``cast`` to a wider dtype is an argument of elementwise or broadcast calls
+    twice or more (counting each argument position): the pass then gives each use its own
+    copy of the cast, so that fusion keeps the narrow dtype between functions, and rewrites
+    nothing else."""
+    if "cast" not in ops_in(mod):
+        return False
+    patterns: dict[int, int] = {}
+    uses: dict[int, tuple[relay.Call, int]] = {}
+    for call in _calls(mod):
+        op = call.op
+        if not isinstance(op, tvm.ir.Op):
+            continue
+        key = op.handle.value
+        if key not in patterns:
+            pattern = op.get_attr("TOpPattern")
+            patterns[key] = _BROADCAST + 1 if pattern is None else int(pattern)
+        if patterns[key] > _BROADCAST:
+            continue
+        for arg in call.args:
+            inner = arg.op if isinstance(arg, relay.Call) else None
+            if isinstance(inner, tvm.ir.Op) and op_name(inner) == "cast":
+                count = uses.get(arg.handle.value, (arg, 0))[1] + 1
+                uses[arg.handle.value] = (arg, count)
+    return any(count > 1 and _widens(cast) for cast, count in uses.values())
+
+
+def _widens(cast: relay.Call) -> bool:
+    source = cast.args[0].checked_type
+    return bool(tvm.DataType(str(source.dtype)).bits < tvm.DataType(str(cast.attrs.dtype)).bits)
 
 
 def QnnLegalize() -> tvm.transform.Pass:

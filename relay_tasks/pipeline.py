@@ -28,6 +28,7 @@ from .fold import (
 )
 from .gates import (
     OP_TRIGGERS,
+    CanonicalizeCast,
     EliminateCommonSubexpr,
     EtaExpand,
     FoldScaleAxis,
@@ -191,7 +192,7 @@ def pass_prefix() -> list[Step]:
             ),
         ),
         SimplifyExpr(),
-        op_gated(transform.CanonicalizeCast()),
+        CanonicalizeCast(),
         op_gated(transform.CanonicalizeOps()),
         op_gated(transform.FlattenAtrousConv()),
         # Its Python layout hooks are given the weights; what they read is computed then.
@@ -306,6 +307,7 @@ _TYPED_OUTPUT = frozenset(
         "SimplifyExprPostAlterOp",
         "Legalize",
         "EliminateCommonSubexpr",
+        "CanonicalizeCast",
         *OP_TRIGGERS,
     }
 )

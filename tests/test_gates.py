@@ -39,6 +39,8 @@ def _gate_skips(name: str, mod: tvm.IRModule) -> bool:
         return not gates.legalizes_something(mod)
     if name == "EliminateCommonSubexpr":
         return not gates.has_common_subexpressions(mod)
+    if name == "CanonicalizeCast":
+        return not gates.has_shared_upcasts(mod)
     if name == "EtaExpand":
         return not gates.has_constructors(mod)
     if name == "qnn.Legalize":
@@ -151,8 +153,6 @@ def _trigger_graphs() -> dict[tuple[str, str], relay.Function]:
     nhwc = relay.var("x", shape=(1, 8, 8, 4))
     ones = relay.const(np.ones(4, "float32"))
     eights = relay.const(np.ones(8, "float32"))
-    half = relay.var("h", shape=(4,), dtype="float16")
-    up = relay.cast(half, "float32")
     s2b = relay.nn.space_to_batch_nd(nhwc, [2, 2], [[2, 2], [2, 2]])
     graphs = {
         ("SimplifyInference", "nn.batch_norm"): relay.Function(
@@ -170,9 +170,6 @@ def _trigger_graphs() -> dict[tuple[str, str], relay.Function]:
         ),
         ("SimplifyInference", "nn.l2_normalize"): relay.Function(
             [x], relay.nn.l2_normalize(x, 1e-5, axis=[1])
-        ),
-        ("CanonicalizeCast", "cast"): relay.Function(
-            [half], relay.Tuple([relay.exp(up), relay.log(up)])
         ),
         ("CanonicalizeOps", "nn.bias_add"): relay.Function([x], relay.nn.bias_add(x, ones)),
         ("FlattenAtrousConv", "nn.space_to_batch_nd"): relay.Function(
@@ -361,3 +358,33 @@ def test_common_subexpressions_are_what_the_pass_merges() -> None:
         mod = _typed(func)
         assert gates.has_common_subexpressions(mod) == merged, kind
         assert _rewrites("EliminateCommonSubexpr", mod) == merged, kind
+
+
+def _cast_graphs() -> dict[str, tuple[bool, relay.Function]]:
+    """Casts the pass gives each user a copy of (True), or leaves shared (False)."""
+    half = relay.var("h", shape=(4, 4), dtype="float16")
+    full = relay.var("f", shape=(4, 4), dtype="float32")
+    up, down = relay.cast(half, "float32"), relay.cast(full, "float16")
+    weight = relay.const(np.ones((4, 4), "float32"))
+    graphs = {
+        "upcast, two elementwise users": (True, relay.Tuple([relay.exp(up), relay.log(up)])),
+        "upcast, one broadcast user twice": (True, relay.add(up, up)),
+        "downcast, two users": (False, relay.Tuple([relay.exp(down), relay.log(down)])),
+        "upcast, one user": (False, relay.exp(up)),
+        "upcast, two dense users": (
+            False,
+            relay.Tuple([relay.nn.dense(up, weight), relay.nn.dense(up, weight + weight)]),
+        ),
+    }
+    return {
+        kind: (copied, relay.Function(relay.analysis.free_vars(body), body))
+        for kind, (copied, body) in graphs.items()
+    }
+
+
+@pytest.mark.usefixtures("x86")
+def test_shared_upcasts_are_what_canonicalize_cast_copies() -> None:
+    for kind, (copied, func) in _cast_graphs().items():
+        mod = _typed(func)
+        assert gates.has_shared_upcasts(mod) == copied, kind
+        assert _rewrites("CanonicalizeCast", mod) == copied, kind
