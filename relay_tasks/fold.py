@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import mmap
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -602,20 +603,32 @@ def _fill_if_constant(node: Any) -> None:
         fill(node)
 
 
+def _filled_data(const: relay.Constant) -> tvm.nd.NDArray:
+    fill(const)
+    return _raw_data(const)
+
+
+#: Extractions (threads) inside :func:`filled_on_read`: the read hook is installed while any is.
+_READERS = [0]
+_READERS_LOCK = threading.Lock()
+
+
 @contextmanager
 def filled_on_read() -> Iterator[None]:
     """Make every read of a Relay constant's ``data`` from Python fill it first: for passes
-    that call Python hooks (layout hooks are given the weights, and some read them)."""
-
-    def read(const: relay.Constant) -> tvm.nd.NDArray:
-        fill(const)
-        return _raw_data(const)
-
-    relay.Constant.data = property(read)
+    that call Python hooks (layout hooks are given the weights, and some read them). Each
+    thread fills from its own extraction's placeholders; outside one, reads are as before."""
+    with _READERS_LOCK:
+        if _READERS[0] == 0:
+            relay.Constant.data = property(_filled_data)
+        _READERS[0] += 1
     try:
         yield
     finally:
-        del relay.Constant.data
+        with _READERS_LOCK:
+            _READERS[0] -= 1
+            if _READERS[0] == 0:
+                del relay.Constant.data
 
 
 def refuse_placeholders(fused: tvm.IRModule, unfilled: Mapping[int, relay.Constant]) -> None:

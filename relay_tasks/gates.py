@@ -18,7 +18,7 @@ import tvm
 from tvm import relay
 
 from .fold import fill_all
-from .ir import op_name, stand_in
+from .ir import is_optimizable, op_name, stand_in
 
 
 def _skipped_unless(
@@ -335,21 +335,10 @@ def _nodes(mod: tvm.IRModule) -> list[Any]:
     """Every node of the functions a function pass rewrites, each function in post order."""
     nodes: list[Any] = []
     for func in mod.functions.values():
-        if isinstance(func, relay.Function) and _optimizable(func):
+        if isinstance(func, relay.Function) and is_optimizable(func):
             relay.analysis.post_order_visit(func, nodes.append)
     return nodes
 
 
 def _calls(mod: tvm.IRModule) -> list[relay.Call]:
     return [node for node in _nodes(mod) if isinstance(node, relay.Call)]
-
-
-def _optimizable(func: relay.Function) -> bool:
-    """Whether a function pass rewrites ``func``: not for an external compiler, not extern, not
-    marked to skip optimisation (TVM's ``AsOptimizableFunctionNode``)."""
-    attrs = func.attrs
-    if attrs is None:
-        return True
-    if "Compiler" in attrs:
-        return False
-    return not any(key in attrs and int(attrs[key]) for key in ("Extern", "SkipOptimization"))

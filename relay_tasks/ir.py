@@ -64,6 +64,18 @@ def diagnostic_text(messages: list[str], err: BaseException) -> str:
     return lines[-1] if lines else type(err).__name__
 
 
+def is_optimizable(func: relay.Function) -> bool:
+    """Whether TVM's function passes and the VM compiler's lowering visit ``func``: not one for
+    an external compiler, not extern, not marked to skip optimisation (TVM's
+    ``AsOptimizableFunctionNode``)."""
+    attrs = func.attrs
+    if attrs is None:
+        return True
+    if "Compiler" in attrs:
+        return False
+    return not any(key in attrs and int(attrs[key]) for key in ("Extern", "SkipOptimization"))
+
+
 def stand_in(
     real: tvm.transform.Pass, run: Callable[[tvm.IRModule], tvm.IRModule]
 ) -> tvm.transform.Pass:

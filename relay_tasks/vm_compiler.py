@@ -17,7 +17,7 @@ from tvm import relay
 from tvm.ir import IRModule
 
 from .errors import ExtractionError
-from .ir import diagnostic_text, diagnostics, is_primitive_task
+from .ir import diagnostic_text, diagnostics, is_optimizable, is_primitive_task
 
 
 def compiler_calls(fused: IRModule) -> list[relay.Function]:
@@ -50,7 +50,7 @@ def calls_after_passes(fused: IRModule) -> list[relay.Function]:
             ) from err
     called: list[relay.Function] = []
     for _, func in shaped.functions.items():
-        if isinstance(func, relay.Function) and _lowered_by_compiler(func):
+        if isinstance(func, relay.Function) and is_optimizable(func):
             called += _calls_in(func)
     return called
 
@@ -87,16 +87,6 @@ def _plan_devices() -> tvm.transform.Pass:
         tvm.transform.PassContext.current(), tvm.target.Target.current()
     )
     return tvm.get_global_func("relay._transform.PlanDevices")(config)
-
-
-def _lowered_by_compiler(func: relay.Function) -> bool:
-    """Whether the lowering pass visits ``func`` (it skips external and opted-out functions)."""
-    attrs = func.attrs
-    if attrs is None:
-        return True
-    if "Compiler" in attrs:
-        return False
-    return not any(key in attrs and int(attrs[key]) for key in ("Extern", "SkipOptimization"))
 
 
 def _calls_in(func: relay.Function) -> list[relay.Function]:

@@ -1124,3 +1124,15 @@ def test_python_hooks_read_deferred_weights_computed(monkeypatch) -> None:
     with extraction_scope(tvm.target.Target(X86), PassSettings(config=dict(DEFAULT_PASS_CONFIG))):
         optimize(as_module(mod), {})
     assert seen and all(np.array_equal(s, values) for s in seen)
+
+
+def test_the_read_hook_is_installed_while_any_extraction_needs_it() -> None:
+    from relay_tasks.fold import filled_on_read
+
+    assert "data" not in vars(relay.Constant)
+    with filled_on_read():
+        with filled_on_read():  # another thread's extraction, say
+            assert "data" in vars(relay.Constant)
+        assert "data" in vars(relay.Constant)
+        assert relay.const(np.ones(2, "float32")).data.numpy().tolist() == [1, 1]
+    assert "data" not in vars(relay.Constant)
