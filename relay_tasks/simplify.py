@@ -12,6 +12,7 @@ real passes wherever the screen says "no" and checks that they change nothing.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,9 +41,40 @@ _ALWAYS = _FILLS | {
 _IDENTITY_VALUE = {"add": 0.0, "subtract": 0.0, "multiply": 1.0, "divide": 1.0}
 
 
+#: During one screening walk, each call's op name and arguments by handle: several screens look
+#: at the same call and its arguments, and every field read goes through TVM's FFI.
+_SEEN: ContextVar[dict[tuple[int, str], Any] | None] = ContextVar(
+    "relay_tasks_screen_reads", default=None
+)
+
+
+def _remembered(call: relay.Call, field: str, read: Callable[[], Any]) -> Any:
+    seen = _SEEN.get()
+    if seen is None:
+        return read()
+    key = (call.handle.value, field)
+    if key not in seen:
+        seen[key] = read()
+    return seen[key]
+
+
 def _op_name(expr: Any) -> str:
-    op = expr.op if isinstance(expr, relay.Call) else None
-    return op_name(op) if isinstance(op, tvm.ir.Op) else ""
+    """The op a call calls ("" for anything else), read once per walk."""
+    if not isinstance(expr, relay.Call):
+        return ""
+
+    def read() -> str:
+        op = expr.op
+        return op_name(op) if isinstance(op, tvm.ir.Op) else ""
+
+    name: str = _remembered(expr, "op", read)
+    return name
+
+
+def _args(call: relay.Call) -> list[Any]:
+    """A call's arguments, read once per walk."""
+    args: list[Any] = _remembered(call, "args", lambda: list(call.args))
+    return args
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -72,7 +104,7 @@ class Screen:
 
 def _consecutive(first: frozenset[str], second: frozenset[str]) -> Check:
     """``first(second(x))``: consecutive reshapes, transposes or casts."""
-    return lambda call: _op_name(call) in first and _op_name(call.args[0]) in second
+    return lambda call: _op_name(call) in first and _op_name(_args(call)[0]) in second
 
 
 def _always(call: relay.Call) -> bool:
@@ -86,7 +118,7 @@ def _identity_operand(call: relay.Call) -> bool:
     want = _IDENTITY_VALUE.get(name)
     if want is None:
         return False
-    operands = call.args if name in ("add", "multiply") else call.args[1:]
+    operands = _args(call) if name in ("add", "multiply") else _args(call)[1:]
     return any(_op_name(arg) in _FILLS or _scalar_value(arg) == want for arg in operands)
 
 
@@ -106,7 +138,7 @@ def _noop_transpose(call: relay.Call) -> bool:
 def _same_cast(call: relay.Call) -> bool:
     if _op_name(call) != "cast":
         return False
-    return str(call.attrs.dtype) == str(call.args[0].checked_type.dtype)
+    return str(call.attrs.dtype) == str(_args(call)[0].checked_type.dtype)
 
 
 def _clip_covers_dtype(call: relay.Call) -> bool:
@@ -120,18 +152,18 @@ def _clip_covers_dtype(call: relay.Call) -> bool:
 
 
 def _cast_of_clip_or_cast(call: relay.Call) -> bool:
-    return _op_name(call) == "cast" and _op_name(call.args[0]) in {"clip", "cast"}
+    return _op_name(call) == "cast" and _op_name(_args(call)[0]) in {"clip", "cast"}
 
 
 def _constant_pair(call: relay.Call, inner_ops: frozenset[str]) -> bool:
     """``outer(inner(x, c1), c2)`` with constants c1, c2, in any argument order."""
-    args = list(call.args)
+    args = _args(call)
     if len(args) != 2:
         return False
     return any(
         isinstance(other, relay.Constant)
         and _op_name(inner) in inner_ops
-        and any(isinstance(a, relay.Constant) for a in inner.args)
+        and any(isinstance(a, relay.Constant) for a in _args(inner))
         for inner, other in (args, args[::-1])
     )
 
@@ -146,18 +178,18 @@ def _adjacent_multiply_or_add(call: relay.Call) -> bool:
 
 
 def _add_self(call: relay.Call) -> bool:
-    return _op_name(call) == "add" and _same(call.args[0], call.args[1])
+    return _op_name(call) == "add" and _same(*_args(call))
 
 
 def _binomial_square(call: relay.Call) -> bool:
     """A square ``x * x`` or ``x * (a * x)``: every binomial pattern needs one."""
     if _op_name(call) != "multiply":
         return False
-    left, right = call.args
+    left, right = _args(call)
     if _same(left, right):
         return True
     for outer, inner in ((left, right), (right, left)):
-        if _op_name(inner) == "multiply" and any(_same(outer, a) for a in inner.args):
+        if _op_name(inner) == "multiply" and any(_same(outer, a) for a in _args(inner)):
             return True
     return False
 
@@ -166,7 +198,7 @@ _ARG_OPS = ("argmax", "argmin", "argsort")
 
 
 def _arg_of_dequantize(call: relay.Call) -> bool:
-    return _op_name(call) in _ARG_OPS and (_op_name(call.args[0]) == "qnn.dequantize")
+    return _op_name(call) in _ARG_OPS and (_op_name(_args(call)[0]) == "qnn.dequantize")
 
 
 _ARITH = frozenset(_IDENTITY_VALUE)
@@ -253,13 +285,17 @@ def flagged_calls(func: relay.Function, screens: Iterable[Screen]) -> list[relay
 
     def collect(node: Any) -> None:
         if isinstance(node, relay.Call):
-            op = node.op
-            if isinstance(op, tvm.ir.Op):
-                relevant = by_root.get(op_name(op), []) + anywhere
+            name = _op_name(node)
+            if name:
+                relevant = by_root.get(name, []) + anywhere
                 if any(screen(node) for screen in relevant):
                     calls.append(node)
 
-    relay.analysis.post_order_visit(func, collect)
+    token = _SEEN.set({})
+    try:
+        relay.analysis.post_order_visit(func, collect)
+    finally:
+        _SEEN.reset(token)
     return calls
 
 
