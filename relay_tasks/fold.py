@@ -15,11 +15,10 @@ has exactly the shape and dtype Relay inferred for the call; anything else falls
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import mmap
-import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
@@ -30,7 +29,7 @@ from tvm import relay
 from tvm.runtime import Object
 
 from .errors import ExtractionError
-from .ir import is_primitive_task, op_name, rebuild, with_functions
+from .ir import is_primitive_task, op_name, patched, rebuild, with_functions
 
 Array = npt.NDArray[Any]
 Evaluator = Callable[[Any, Sequence[Array]], Array | None]
@@ -543,7 +542,7 @@ class _Deferred:
 _DEFERRED: ContextVar[_Deferred | None] = ContextVar("relay_tasks_deferred", default=None)
 
 
-@contextmanager
+@contextlib.contextmanager
 def deferred_placeholders() -> Iterator[dict[int, relay.Constant]]:
     """Allow folds to defer large results while this is open; yields the placeholders still
     unfilled, for :func:`refuse_placeholders` to check once the module is fused.
@@ -608,27 +607,14 @@ def _filled_data(const: relay.Constant) -> tvm.nd.NDArray:
     return _raw_data(const)
 
 
-#: Extractions (threads) inside :func:`filled_on_read`: the read hook is installed while any is.
-_READERS = [0]
-_READERS_LOCK = threading.Lock()
-
-
-@contextmanager
-def filled_on_read() -> Iterator[None]:
+def filled_on_read() -> contextlib.AbstractContextManager[None]:
     """Make every read of a Relay constant's ``data`` from Python fill it first: for passes
     that call Python hooks (layout hooks are given the weights, and some read them). Each
     thread fills from its own extraction's placeholders; outside one, reads are as before."""
-    with _READERS_LOCK:
-        if _READERS[0] == 0:
-            relay.Constant.data = property(_filled_data)
-        _READERS[0] += 1
-    try:
-        yield
-    finally:
-        with _READERS_LOCK:
-            _READERS[0] -= 1
-            if _READERS[0] == 0:
-                del relay.Constant.data
+    return patched(relay.Constant, "data", _FILLED_DATA)
+
+
+_FILLED_DATA = property(_filled_data)
 
 
 def refuse_placeholders(fused: tvm.IRModule, unfilled: Mapping[int, relay.Constant]) -> None:

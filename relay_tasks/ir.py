@@ -6,6 +6,7 @@ Kept apart from the input layer so that the pipeline and the loaders depend on T
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -90,6 +91,37 @@ def stand_in(
         return run(mod)
 
     return standing_in
+
+
+_MISSING = object()
+#: Attributes set by :func:`patched`, with how many are inside and what to restore.
+_PATCHES: dict[tuple[Any, str], list[Any]] = {}
+_PATCHES_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def patched(owner: Any, name: str, value: Any) -> Iterator[None]:
+    """``owner.name`` (a class or module attribute) set to ``value`` while anyone is inside,
+    then restored: reference-counted, so extractions in several threads neither restore it
+    under each other nor leave it set."""
+    key = (owner, name)
+    with _PATCHES_LOCK:
+        entry = _PATCHES.get(key)
+        if entry is None:
+            entry = _PATCHES[key] = [0, vars(owner).get(name, _MISSING)]
+            setattr(owner, name, value)
+        entry[0] += 1
+    try:
+        yield
+    finally:
+        with _PATCHES_LOCK:
+            entry[0] -= 1
+            if entry[0] == 0:
+                del _PATCHES[key]
+                if entry[1] is _MISSING:
+                    delattr(owner, name)
+                else:
+                    setattr(owner, name, entry[1])
 
 
 _OP_NAMES: dict[int, str] = {}

@@ -16,6 +16,7 @@ import tvm
 from tvm import relay
 from tvm.ir import IRModule
 from tvm.ir.transform import PassContext
+from tvm.runtime import Object
 from tvm.target import Target
 
 from .errors import ExtractionError, ModelError, RelayTasksError, describe_failure
@@ -38,7 +39,7 @@ from .gates import (
     op_gated,
 )
 from .inputs import type_check
-from .ir import stand_in, with_functions
+from .ir import patched, stand_in, with_functions
 from .simplify import SimplifyExpr, SimplifyExprPostAlterOp
 
 
@@ -86,8 +87,7 @@ def extraction_scope(target: Target, settings: PassSettings) -> Iterator[None]:
         autotvm.GLOBAL_SCOPE.silent = silent
 
 
-@contextlib.contextmanager
-def dunders_answered_in_python() -> Iterator[None]:
+def dunders_answered_in_python() -> contextlib.AbstractContextManager[None]:
     """Answer "no such attribute" for ``__dunder__`` names on TVM objects without asking C++.
 
     TOPI's CUDA convolutions build numpy arrays of TE variables; numpy probes each for
@@ -96,20 +96,16 @@ def dunders_answered_in_python() -> Iterator[None]:
     single convolution's extraction), each one after costs 0.1 ms. No node field is a dunder
     name, so the answer is the same ``AttributeError``.
     """
-    from tvm.runtime import Object
+    return patched(Object, "__getattr__", _answered)
 
-    lookup = Object.__getattr__
 
-    def answered(self: Any, name: str) -> Any:
-        if name.startswith("__") and name.endswith("__"):
-            raise AttributeError(f"{type(self)} has no attribute {name}")
-        return lookup(self, name)
+_FIELD_LOOKUP = Object.__getattr__
 
-    Object.__getattr__ = answered
-    try:
-        yield
-    finally:
-        Object.__getattr__ = lookup
+
+def _answered(self: Any, name: str) -> Any:
+    if name.startswith("__") and name.endswith("__"):
+        raise AttributeError(f"{type(self)} has no attribute {name}")
+    return _FIELD_LOOKUP(self, name)
 
 
 @contextlib.contextmanager

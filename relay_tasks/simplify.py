@@ -22,7 +22,7 @@ from tvm import relay
 from tvm.relay.dataflow_pattern import DFPatternCallback, is_op, rewrite, wildcard
 
 from .fold import fill_within
-from .ir import op_name, with_functions
+from .ir import op_name, stand_in, with_functions
 from .region import run_on_region
 
 Check = Callable[[relay.Call], bool]
@@ -382,26 +382,23 @@ def _merge_reshapes(mod: tvm.IRModule) -> tvm.IRModule:
     return relay.transform.InferType()(tvm.IRModule.from_expr(rewritten))
 
 
-def _screened(
-    name: str, real: Callable[[], tvm.transform.Pass], screens: tuple[Screen, ...]
-) -> Any:
-    @tvm.transform.module_pass(opt_level=0, name=name, required=["InferType"])  # type: ignore[untyped-decorator]
-    def screened(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
+def _screened(real: Callable[[], tvm.transform.Pass], screens: tuple[Screen, ...]) -> Any:
+    def screened(mod: tvm.IRModule) -> tvm.IRModule:
         flagged = _flagged_by_function(mod, screens)
         if not _any_flagged(flagged):
             return mod
         settled = simplify_locally(mod, real, screens, flagged)
         return real()(fill_within(mod)) if settled is None else settled
 
-    return screened
+    return stand_in(real(), screened)
 
 
 def SimplifyExpr() -> tvm.transform.Pass:
     """``relay.transform.SimplifyExpr()``, skipped where it would change nothing."""
-    return _screened("SimplifyExpr", relay.transform.SimplifyExpr, SIMPLIFY_EXPR_SCREENS)
+    return _screened(relay.transform.SimplifyExpr, SIMPLIFY_EXPR_SCREENS)
 
 
 def SimplifyExprPostAlterOp() -> tvm.transform.Pass:
     """``SimplifyExprPostAlterOp``, skipped where it would change nothing."""
     real = tvm.get_global_func("relay._transform.SimplifyExprPostAlterOp")
-    return _screened("SimplifyExprPostAlterOp", real, POST_ALTER_OP_SCREENS)
+    return _screened(real, POST_ALTER_OP_SCREENS)

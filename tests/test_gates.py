@@ -32,22 +32,22 @@ _GATED: dict[str, Callable[[], tvm.transform.Pass]] = {
 }
 
 
+#: Each gate's "could the pass rewrite this module?"; the rest ask the operator census.
+_NEEDED: dict[str, Callable[[tvm.IRModule], bool]] = {
+    "ToBasicBlockNormalForm": gates.has_scopes,
+    "Legalize": gates.legalizes_something,
+    "EliminateCommonSubexpr": gates.has_common_subexpressions,
+    "CanonicalizeCast": gates.has_shared_upcasts,
+    "EtaExpand": gates.has_constructors,
+    "qnn.Legalize": gates.has_qnn_ops,
+    "BackwardFoldScaleAxis": gates.may_fold_a_scale,
+    "ForwardFoldScaleAxis": gates.may_fold_a_scale,
+}
+
+
 def _gate_skips(name: str, mod: tvm.IRModule) -> bool:
-    if name == "ToBasicBlockNormalForm":
-        return not gates.has_scopes(mod)
-    if name == "Legalize":
-        return not gates.legalizes_something(mod)
-    if name == "EliminateCommonSubexpr":
-        return not gates.has_common_subexpressions(mod)
-    if name == "CanonicalizeCast":
-        return not gates.has_shared_upcasts(mod)
-    if name == "EtaExpand":
-        return not gates.has_constructors(mod)
-    if name == "qnn.Legalize":
-        return not gates.has_qnn_ops(mod)
-    if name in ("BackwardFoldScaleAxis", "ForwardFoldScaleAxis"):
-        return not gates.may_fold_a_scale(mod)
-    return not gates.triggered(name, gates.ops_in(mod))
+    needed = _NEEDED.get(name, lambda mod: gates.triggered(name, gates.ops_in(mod)))
+    return not needed(mod)
 
 
 def _typed(func: relay.Function) -> tvm.IRModule:
@@ -352,14 +352,6 @@ def _common_graphs() -> dict[str, tuple[bool, relay.Function]]:
     return {kind: (merged, relay.Function([x], body)) for kind, (merged, body) in graphs.items()}
 
 
-@pytest.mark.usefixtures("x86")
-def test_common_subexpressions_are_what_the_pass_merges() -> None:
-    for kind, (merged, func) in _common_graphs().items():
-        mod = _typed(func)
-        assert gates.has_common_subexpressions(mod) == merged, kind
-        assert _rewrites("EliminateCommonSubexpr", mod) == merged, kind
-
-
 def _cast_graphs() -> dict[str, tuple[bool, relay.Function]]:
     """Casts the pass gives each user a copy of (True), or leaves shared (False)."""
     half = relay.var("h", shape=(4, 4), dtype="float16")
@@ -383,8 +375,15 @@ def _cast_graphs() -> dict[str, tuple[bool, relay.Function]]:
 
 
 @pytest.mark.usefixtures("x86")
-def test_shared_upcasts_are_what_canonicalize_cast_copies() -> None:
-    for kind, (copied, func) in _cast_graphs().items():
+@pytest.mark.parametrize(
+    ("name", "graphs"),
+    [("EliminateCommonSubexpr", _common_graphs), ("CanonicalizeCast", _cast_graphs)],
+)
+def test_the_gate_says_run_exactly_where_the_pass_rewrites(
+    name: str, graphs: Callable[[], dict[str, tuple[bool, relay.Function]]]
+) -> None:
+    """Common subexpressions are what the pass merges; shared upcasts what it copies."""
+    for kind, (rewritten, func) in graphs().items():
         mod = _typed(func)
-        assert gates.has_shared_upcasts(mod) == copied, kind
-        assert _rewrites("CanonicalizeCast", mod) == copied, kind
+        assert _NEEDED[name](mod) == rewritten, kind
+        assert _rewrites(name, mod) == rewritten, kind
