@@ -24,7 +24,7 @@ from tvm.target import Target
 
 from .errors import ExtractionError, RelayTasksError, SkippedTaskWarning, describe_failure
 from .inputs import ParamsLike, TargetLike
-from .ir import is_primitive_task
+from .ir import is_primitive_task, node_key
 from .lower import LoweredTE, flatten_tuple_type, lower_to_te
 from .pipeline import PassSettings, extraction_scope, optimize
 from .request import Request
@@ -158,10 +158,10 @@ def group_primitive_functions(fused: IRModule, call_order: CallOrder | None) -> 
 
     seen: dict[int, _Group] = {}  # by object: the calls are mostly the very functions visited
     for index, func in enumerate(_post_order(fused["main"])):
-        group = seen[func.handle.value] = group_of(func)
+        group = seen[node_key(func)] = group_of(func)
         group.visits.append(index)
     for index, func in enumerate(call_order(fused) if call_order else ()):
-        group = seen.get(func.handle.value) or group_of(func)
+        group = seen.get(node_key(func)) or group_of(func)
         group.calls.append(index)
     return groups
 

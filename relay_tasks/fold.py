@@ -29,7 +29,7 @@ from tvm import relay
 from tvm.runtime import Object
 
 from .errors import ExtractionError
-from .ir import is_primitive_task, op_name, patched, rebuild, with_functions
+from .ir import is_primitive_task, node_key, op_name, patched, rebuild, with_functions
 
 Array = npt.NDArray[Any]
 Evaluator = Callable[[Any, Sequence[Array]], Array | None]
@@ -664,7 +664,7 @@ class _Prefolder:
         memo: dict[int, relay.Expr] = {}
 
         def get(expr: Any) -> Any:
-            return memo.get(expr.handle.value, expr) if isinstance(expr, relay.Expr) else expr
+            return memo.get(node_key(expr), expr) if isinstance(expr, relay.Expr) else expr
 
         left = False
         for node in order:
@@ -677,8 +677,8 @@ class _Prefolder:
                     return func, True  # a node kind this folder does not rebuild: all to TVM
                 kept = _tvm_rewrites_node(new)
             left = left or kept
-            memo[node.handle.value] = new
-        return memo[func.handle.value], left
+            memo[node_key(node)] = new
+        return memo[node_key(func)], left
 
     def _fold_call(
         self, original: relay.Call, op: tvm.ir.Op, get: Callable[[Any], Any]
@@ -729,7 +729,7 @@ class _Prefolder:
 
     def value_of(self, const: relay.Constant) -> Array:
         fill(const)
-        key = const.handle.value
+        key = node_key(const)
         if key not in self.views:
             self.views[key] = _view(_raw_data(const))
         return self.views[key]
@@ -773,9 +773,29 @@ def _view(data: tvm.nd.NDArray) -> Array:
         return np.asarray(data.numpy())  # dtypes DLPack export does not cover (bool)
 
 
+def folded_call(call: relay.Call) -> relay.Constant:
+    """What TVM's ``FoldConstantExpr`` makes of ``call``, an op call on constants: its value
+    computed here where an evaluator covers it, else by TVM (deferred operands are computed)."""
+    operands = _constant_operands(list(call.args))
+    if operands is not None:
+        result = evaluate_call(call, [_view(_filled_data(c)) for c in operands])
+        if result is not None:
+            return relay.Constant(as_ndarray(result))
+    for const in operands or ():
+        fill(const)
+    return _folded_by_tvm(call)
+
+
+def _folded_by_tvm(call: relay.Call) -> relay.Constant:
+    folded: relay.Constant = _FOLD_CONSTANT_EXPR(call, tvm.IRModule(), False)
+    return folded
+
+
+_FOLD_CONSTANT_EXPR = tvm.get_global_func("relay._transform.FoldConstantExpr")
+
+
 def _fold_with_tvm(call: relay.Call) -> Array:
-    folded = tvm.get_global_func("relay._transform.FoldConstantExpr")(call, tvm.IRModule(), False)
-    return np.asarray(folded.data.numpy())
+    return np.asarray(_folded_by_tvm(call).data.numpy())
 
 
 def _known_type(node: relay.Expr, rebuilt: relay.Expr | None = None) -> Any:

@@ -18,7 +18,7 @@ import tvm
 from tvm import relay
 
 from .fold import fill_all
-from .ir import is_optimizable, op_name, stand_in
+from .ir import is_optimizable, node_key, op_name, stand_in
 
 
 def _skipped_unless(
@@ -126,9 +126,9 @@ def _reaches(expr: relay.Expr, targets: frozenset[str]) -> bool:
     while pending:
         node = pending.pop()
         op = node.op if isinstance(node, relay.Call) else None
-        if not isinstance(op, tvm.ir.Op) or node.handle.value in seen:
+        if not isinstance(op, tvm.ir.Op) or node_key(node) in seen:
             continue
-        seen.add(node.handle.value)
+        seen.add(node_key(node))
         name = op_name(op)
         if name in targets:
             return True
@@ -161,7 +161,7 @@ def has_shared_upcasts(mod: tvm.IRModule) -> bool:
         op = call.op
         if not isinstance(op, tvm.ir.Op):
             continue
-        key = op.handle.value
+        key = node_key(op)
         if key not in patterns:
             pattern = op.get_attr("TOpPattern")
             patterns[key] = _BROADCAST + 1 if pattern is None else int(pattern)
@@ -170,8 +170,8 @@ def has_shared_upcasts(mod: tvm.IRModule) -> bool:
         for arg in call.args:
             inner = arg.op if isinstance(arg, relay.Call) else None
             if isinstance(inner, tvm.ir.Op) and op_name(inner) == "cast":
-                count = uses.get(arg.handle.value, (arg, 0))[1] + 1
-                uses[arg.handle.value] = (arg, count)
+                count = uses.get(node_key(arg), (arg, 0))[1] + 1
+                uses[node_key(arg)] = (arg, count)
     return any(count > 1 and _widens(cast) for cast, count in uses.values())
 
 
@@ -256,12 +256,12 @@ def legalizes_something(mod: tvm.IRModule) -> bool:
         op = tvm.ir.Op.get(name)
         hook = op.get_attr("FTVMLegalize")
         if hook is not None:
-            hooks[op.handle.value] = hook
+            hooks[node_key(op)] = hook
     if not hooks:
         return False
     for call in _calls(mod):
         op = call.op
-        hook = hooks.get(op.handle.value) if isinstance(op, tvm.ir.Op) else None
+        hook = hooks.get(node_key(op)) if isinstance(op, tvm.ir.Op) else None
         if hook is not None:
             args = call.args
             types = [arg.checked_type for arg in args] + [call.checked_type]
@@ -290,7 +290,7 @@ def has_common_subexpressions(mod: tvm.IRModule) -> bool:
     projections: set[tuple[int, int]] = set()
     for node in _nodes(mod):
         if isinstance(node, relay.TupleGetItem):
-            key = (node.tuple_value.handle.value, int(node.index))
+            key = (node_key(node.tuple_value), int(node.index))
             if key in projections:
                 return True
             projections.add(key)
@@ -298,12 +298,13 @@ def has_common_subexpressions(mod: tvm.IRModule) -> bool:
         op = node.op if isinstance(node, relay.Call) else None
         if not isinstance(op, tvm.ir.Op):
             continue
-        if op.handle.value not in stateful:
-            stateful[op.handle.value] = bool(op.get_attr("TOpIsStateful"))
+        op_key = node_key(op)
+        if op_key not in stateful:
+            stateful[op_key] = bool(op.get_attr("TOpIsStateful"))
         args = node.args
-        if not args or stateful[op.handle.value]:
+        if not args or stateful[op_key]:
             continue
-        same_args = calls.setdefault((op.handle.value, *(_argument_key(arg) for arg in args)), [])
+        same_args = calls.setdefault((op_key, *(_argument_key(arg) for arg in args)), [])
         if any(_same_attrs(node.attrs, other.attrs) for other in same_args):
             return True
         same_args.append(node)
@@ -322,7 +323,7 @@ def _field_key(expr: relay.Expr) -> Any:
     if isinstance(expr, relay.Constant) and len(expr.data.shape) == 0:
         value = expr.data.numpy()
         return ("scalar", str(value.dtype), value.tobytes())
-    return expr.handle.value
+    return node_key(expr)
 
 
 def _same_attrs(a: Any, b: Any) -> bool:

@@ -22,6 +22,7 @@ from tvm.target import Target
 
 from .cxx import std_hash_string
 from .errors import ExtractionError
+from .ir import dunders_answered_in_python, node_key
 
 #: Upstream shortens longer fused names to this many characters plus a hash.
 MAX_FUNC_NAME_LENGTH = 80
@@ -74,7 +75,8 @@ def lower_to_te(func: relay.Function, target: Target, constant_names: NameSupply
     Must run inside ``with target`` and the extraction's ``PassContext``: strategies read both.
     ``constant_names`` is shared across the functions of one extraction, as upstream shares it.
     """
-    return _TELowering(target, constant_names).lower(func)
+    with dunders_answered_in_python():
+        return _TELowering(target, constant_names).lower(func)
 
 
 class _TELowering:
@@ -112,10 +114,10 @@ class _TELowering:
 
     def _remember(self, expr: relay.Expr, tensors: list[te.Tensor]) -> None:
         self.keep_alive.append(expr)
-        self.memo[expr.handle.value] = tensors
+        self.memo[node_key(expr)] = tensors
 
     def visit(self, expr: relay.Expr) -> list[te.Tensor]:
-        known = self.memo.get(expr.handle.value)
+        known = self.memo.get(node_key(expr))
         if known is not None:
             return known
         if isinstance(expr, relay.Constant):

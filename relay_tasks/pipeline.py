@@ -16,7 +16,6 @@ import tvm
 from tvm import relay
 from tvm.ir import IRModule
 from tvm.ir.transform import PassContext
-from tvm.runtime import Object
 from tvm.target import Target
 
 from .errors import ExtractionError, ModelError, RelayTasksError, describe_failure
@@ -39,7 +38,7 @@ from .gates import (
     op_gated,
 )
 from .inputs import type_check
-from .ir import patched, stand_in, with_functions
+from .ir import dunders_answered_in_python, stand_in, with_functions
 from .simplify import SimplifyExpr, SimplifyExprPostAlterOp
 
 
@@ -81,31 +80,10 @@ def extraction_scope(target: Target, settings: PassSettings) -> Iterator[None]:
     silent = autotvm.GLOBAL_SCOPE.silent
     autotvm.GLOBAL_SCOPE.silent = True  # AlterOpLayout would log every missing AutoTVM config
     try:
-        with target, settings.context(), memoized_cpu_features(), dunders_answered_in_python():
+        with target, settings.context(), memoized_cpu_features():
             yield
     finally:
         autotvm.GLOBAL_SCOPE.silent = silent
-
-
-def dunders_answered_in_python() -> contextlib.AbstractContextManager[None]:
-    """Answer "no such attribute" for ``__dunder__`` names on TVM objects without asking C++.
-
-    TOPI's CUDA convolutions build numpy arrays of TE variables; numpy probes each for
-    ``__array_interface__`` and the like, and TVM looks every probe up as a node field, which
-    fails in C++: the first failure of a process loads backtrace symbols (0.14 s, most of a
-    single convolution's extraction), each one after costs 0.1 ms. No node field is a dunder
-    name, so the answer is the same ``AttributeError``.
-    """
-    return patched(Object, "__getattr__", _answered)
-
-
-_FIELD_LOOKUP = Object.__getattr__
-
-
-def _answered(self: Any, name: str) -> Any:
-    if name.startswith("__") and name.endswith("__"):
-        raise AttributeError(f"{type(self)} has no attribute {name}")
-    return _FIELD_LOOKUP(self, name)
 
 
 @contextlib.contextmanager
@@ -191,8 +169,9 @@ def pass_prefix() -> list[Step]:
         CanonicalizeCast(),
         op_gated(transform.CanonicalizeOps()),
         op_gated(transform.FlattenAtrousConv()),
-        # Its Python layout hooks are given the weights; what they read is computed then.
-        _reads_filled(transform.AlterOpLayout()),
+        # Its Python layout hooks are given the weights (what they read is computed then) and
+        # may run TOPI computes (CUDA's do).
+        _for_python_hooks(transform.AlterOpLayout()),
         SimplifyExprPostAlterOp(),
         transform.FastMath(),
         FoldConstant(),
@@ -284,11 +263,12 @@ _FILLS_WHAT_IT_READS = frozenset(
 )
 
 
-def _reads_filled(real: tvm.transform.Pass) -> tvm.transform.Pass:
-    """``real``, with every constant its Python hooks read computed first."""
+def _for_python_hooks(real: tvm.transform.Pass) -> tvm.transform.Pass:
+    """``real``, with every constant its Python hooks read computed first and the TOPI computes
+    they run answered as lowering answers them."""
 
     def run(mod: IRModule) -> IRModule:
-        with filled_on_read():
+        with filled_on_read(), dunders_answered_in_python():
             return real(mod)
 
     return stand_in(real, run)

@@ -20,7 +20,7 @@ from typing import Any
 import tvm
 from tvm import relay
 
-from .ir import rebuild
+from .ir import node_key, rebuild
 
 PassOnModule = Callable[[tvm.IRModule], tvm.IRModule]
 
@@ -46,7 +46,7 @@ def run_on_region(
     graph = _Graph(func)
     if not graph.dataflow_only:
         return None
-    region = graph.region([graph.key(c) for c in flagged])
+    region = graph.region([node_key(c) for c in flagged])
     outputs = [k for k in graph.order if k in region and graph.escapes(k, region)]
     cut, inputs = _cut(graph, region)
     body = relay.Tuple([cut[k] for k in outputs])
@@ -57,9 +57,9 @@ def run_on_region(
         return None
     if not isinstance(done.body, relay.Tuple) or len(done.body.fields) != len(outputs):
         return None
-    cut_of = {var.handle.value: key for key, var in inputs.items()}
+    cut_of = {node_key(var): key for key, var in inputs.items()}
     origins: dict[int, int | relay.Var] = {
-        new.handle.value: cut_of.get(old.handle.value, old)
+        node_key(new): cut_of.get(node_key(old), old)
         for new, old in zip(done.params, small.params, strict=True)
     }
     return _splice(graph, region, dict(zip(outputs, done.body.fields, strict=True)), origins)
@@ -77,15 +77,11 @@ class _Graph:
         self.dataflow_only = True
         relay.analysis.post_order_visit(func, self._add)
 
-    @staticmethod
-    def key(node: Any) -> int:
-        return int(node.handle.value)
-
     def _add(self, node: Any) -> None:
-        key = self.key(node)
+        key = node_key(node)
         self.nodes[key] = node
         self.order.append(key)
-        self.child_keys[key] = [self.key(child) for child in self.children(node)]
+        self.child_keys[key] = [node_key(child) for child in self.children(node)]
         for child in self.child_keys[key]:
             self.users.setdefault(child, []).append(key)
         if isinstance(node, relay.Call) and not isinstance(node.op, tvm.ir.Op):
@@ -136,7 +132,7 @@ def _cut(graph: _Graph, region: set[int]) -> tuple[dict[int, Any], dict[int, rel
     inputs: dict[int, relay.Var] = {}
 
     def get(child: Any) -> Any:
-        key = graph.key(child)
+        key = node_key(child)
         if key in memo:
             return memo[key]
         if not graph.inner(key):
@@ -165,16 +161,16 @@ def _splice(
     placed: dict[int, Any] = {}
 
     def get(child: Any) -> Any:
-        return new.get(graph.key(child), child)
+        return new.get(node_key(child), child)
 
     def get_placed(child: Any) -> Any:
-        return placed.get(graph.key(child), child)
+        return placed.get(node_key(child), child)
 
     def place(result: Any) -> Any:
         nodes: list[Any] = []
         relay.analysis.post_order_visit(result, nodes.append)
         for node in nodes:
-            key = graph.key(node)
+            key = node_key(node)
             if key in placed:
                 continue
             origin = origins.get(key)
@@ -184,7 +180,7 @@ def _splice(
                 placed[key] = origin
             else:
                 placed[key] = rebuild(node, get_placed)
-        return placed[graph.key(result)]
+        return placed[node_key(result)]
 
     for key in graph.order:
         if key in outputs:
@@ -193,6 +189,6 @@ def _splice(
             node = graph.nodes[key]
             changed = any(new[c] is not graph.nodes[c] for c in graph.child_keys[key])
             new[key] = rebuild(node, get) if changed else node
-    func = new[graph.key(graph.func)]
+    func = new[node_key(graph.func)]
     assert isinstance(func, relay.Function)
     return func

@@ -17,7 +17,13 @@ from tvm import relay
 from tvm.ir import IRModule
 
 from .errors import ExtractionError
-from .ir import diagnostic_text, diagnostics, is_optimizable, is_primitive_task
+from .ir import (
+    diagnostic_text,
+    diagnostics,
+    is_optimizable,
+    is_primitive_task,
+    node_key,
+)
 
 
 def compiler_calls(fused: IRModule) -> list[relay.Function]:
@@ -96,7 +102,7 @@ def _calls_in(func: relay.Function) -> list[relay.Function]:
 
     def bind(node: Any) -> None:
         if isinstance(node, relay.Let) and isinstance(node.value, relay.Function):
-            bound[node.var.handle.value] = node.value
+            bound[node_key(node.var)] = node.value
 
     relay.analysis.post_order_visit(func, bind)
     called: list[relay.Function] = []
@@ -113,6 +119,6 @@ def _collect_call(
         return
     op = node.op
     if isinstance(op, relay.Var):
-        op = bound.get(op.handle.value)
+        op = bound.get(node_key(op))
     if isinstance(op, relay.Function) and is_primitive_task(op):
         called.append(op)

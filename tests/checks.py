@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import hypothesis
 import numpy as np
@@ -176,3 +177,20 @@ def _first_difference(expected: list, actual: list) -> str:
         if e != a:
             return f"first difference at {i}: expected {e}, got {a}"
     return f"expected {len(expected)} tasks, got {len(actual)}"
+
+
+@contextmanager
+def counting_llvm_builds(label=lambda: "") -> Iterator[list[str]]:
+    """Record every LLVM build TVM makes (FoldConstant's evaluator compiles each call it folds)."""
+    original = tvm.get_global_func("target.build.llvm")
+    builds: list[str] = []
+
+    def counting(mod, target):
+        builds.append(label())
+        return original(mod, target)
+
+    tvm.register_func("target.build.llvm", counting, override=True)
+    try:
+        yield builds
+    finally:
+        tvm.register_func("target.build.llvm", original, override=True)

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import operator
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -28,7 +26,7 @@ from relay_tasks.fold import EVALUATORS, evaluate_call, layout_transform, prefol
 from relay_tasks.inputs import as_module
 from relay_tasks.pipeline import PassSettings, extraction_scope, optimize
 
-from checks import assert_meta_schedule_matches
+from checks import assert_meta_schedule_matches, counting_llvm_builds
 from zoo import CUDA, X86, load, model_target_rows
 
 EXAMPLES = int(os.environ.get("RELAY_TASKS_FOLD_EXAMPLES", "20"))
@@ -617,23 +615,6 @@ def test_copy_and_batch_flatten(op: str) -> None:
     assert _check(call, [x]) is not None
 
 
-@contextmanager
-def _counting_llvm_builds(label=lambda: "") -> Iterator[list[str]]:
-    """Record every LLVM build TVM makes (FoldConstant's evaluator compiles each call it folds)."""
-    original = tvm.get_global_func("target.build.llvm")
-    builds: list[str] = []
-
-    def counting(mod, target):
-        builds.append(label())
-        return original(mod, target)
-
-    tvm.register_func("target.build.llvm", counting, override=True)
-    try:
-        yield builds
-    finally:
-        tvm.register_func("target.build.llvm", original, override=True)
-
-
 @pass_instrument
 class _CurrentPass:
     def __init__(self) -> None:
@@ -652,7 +633,7 @@ def _builds_by_pass(model: str, target: str) -> list[str]:
     settings = PassSettings(config=dict(DEFAULT_PASS_CONFIG))
     context = tvm.transform.PassContext(3, config=dict(DEFAULT_PASS_CONFIG), instruments=[current])
     with (
-        _counting_llvm_builds(lambda: current.stack[0] if current.stack else "") as builds,
+        counting_llvm_builds(lambda: current.stack[0] if current.stack else "") as builds,
         extraction_scope(tvm.target.Target(target), settings),
         context,
     ):
@@ -751,7 +732,7 @@ def test_uncovered_ops_fall_back_to_tvm_and_agree() -> None:
     x = np.linspace(-3, 3, 12, dtype="float32").reshape(3, 4)
     body = relay.exp(_const(x)) * _const(np.float32(2.0))
     func = relay.Function([], body)
-    with _counting_llvm_builds() as builds:
+    with counting_llvm_builds() as builds:
         ours = fold.FoldConstant()(tvm.IRModule.from_expr(func))
     theirs = relay.transform.FoldConstant()(tvm.IRModule.from_expr(func))
     assert builds, "exp is not covered, so TVM must have evaluated it"

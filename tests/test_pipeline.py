@@ -24,7 +24,7 @@ from relay_tasks.pipeline import (
 )
 
 from pass_prefix import modules_before_each_pass
-from zoo import CUDA, X86, load, model_target_rows
+from zoo import X86, load, model_target_rows
 
 
 @pass_instrument
@@ -148,53 +148,6 @@ def test_screens_fire_on_every_rewrite_they_stand_for() -> None:
         "SimplifyAdjacentMultiplyOrAdd",
         "SimplifyClip",
     } <= fired
-
-
-def test_dunder_probes_are_answered_without_tvm_and_only_inside_the_scope() -> None:
-    from tvm.runtime import Object
-
-    from relay_tasks.pipeline import dunders_answered_in_python
-
-    var = tvm.te.var("n")
-    real = Object.__getattr__
-    with pytest.raises(RuntimeError), dunders_answered_in_python():
-        assert not hasattr(var, "__array_interface__")
-        assert var.name == "n" and var.dtype == "int32"  # fields still come from TVM
-        with pytest.raises(AttributeError):
-            var.no_such_field  # noqa: B018
-        raise RuntimeError
-    assert Object.__getattr__ is real
-
-
-@pytest.mark.parametrize("tuner", ["autotvm", "ansor"])
-def test_cuda_templates_probe_no_dunder_in_tvm(tuner: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """TOPI's CUDA convolution puts TE variables in numpy arrays, in the lowering and again
-    when the tuner's task is made; none of numpy's probes reaches TVM's C++ (whose first error
-    would cost 0.14 s of backtrace symbols)."""
-    from tvm.runtime import object as tvm_object
-
-    import relay_tasks
-    from relay_tasks.adapters.ansor import default_hardware_params
-
-    asked: list[str] = []
-    lookup = tvm_object._ffi_node_api.NodeGetAttr
-    monkeypatch.setattr(
-        tvm_object._ffi_node_api,
-        "NodeGetAttr",
-        lambda obj, name: asked.append(name) or lookup(obj, name),
-    )
-    x = relay.var("x", shape=(1, 16, 14, 14))
-    w = relay.var("w", shape=(16, 16, 3, 3))
-    mod = tvm.IRModule.from_expr(relay.Function([x, w], relay.nn.conv2d(x, w, padding=(1, 1))))
-    params = {"w": np.zeros((16, 16, 3, 3), "float32")}
-    target = tvm.target.Target(CUDA)
-    if tuner == "autotvm":
-        tasks = relay_tasks.autotvm.extract_tasks(mod, target, params)
-    else:
-        hardware = default_hardware_params(target)
-        tasks, _ = relay_tasks.ansor.extract_tasks(mod, target, params, hardware_params=hardware)
-    assert tasks and asked
-    assert not [name for name in asked if name.startswith("__")]
 
 
 def test_cpu_feature_answers_are_remembered_per_target_and_restored() -> None:

@@ -41,7 +41,8 @@ from ..extract import (
     warn_skipped_dynamic,
 )
 from ..inputs import ParamsLike, TargetLike
-from ..pipeline import PassSettings, dunders_answered_in_python
+from ..ir import dunders_answered_in_python
+from ..pipeline import PassSettings
 from ..request import Request
 from ..vm_cache import op_weights, storage_size_tasks, vm_function_names
 from .base import (

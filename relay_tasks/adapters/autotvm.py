@@ -26,7 +26,8 @@ from tvm.target import Target
 from ..errors import ModelError
 from ..extract import Task, display_name, in_call_order, run_extraction, shape_text
 from ..inputs import ParamsLike, TargetLike
-from ..pipeline import PassSettings, dunders_answered_in_python
+from ..ir import dunders_answered_in_python
+from ..pipeline import PassSettings
 from ..request import Request
 from .base import Adapter, Measurement, Runner, TunerTask
 

@@ -181,9 +181,13 @@ def to_extracted_tasks(
     database = ms.database.MemoryDatabase(module_equality=module_equality)
     firsts: list[tuple[ms.database.Workload, Task]] = []
     weights: list[int] = []
+    committed: dict[int, ms.database.Workload] = {}
     for index in order:
         task = occurrences[index]
-        workload = database.commit_workload(tir[id(task)])
+        # An occurrence of a task commits the same TIR module again: hashing it is the cost.
+        if id(task) not in committed:
+            committed[id(task)] = database.commit_workload(tir[id(task)])
+        workload = committed[id(task)]
         hit = next((i for i, (wl, _) in enumerate(firsts) if wl.same_as(workload)), None)
         if hit is None:
             firsts.append((workload, task))
