@@ -15,6 +15,7 @@ from tvm import relay
 from tvm.ir import IRModule
 from tvm.ir import diagnostics as _diagnostics
 from tvm.runtime import Object
+from tvm.runtime.object import _ffi_node_api as _node_api
 
 
 def with_functions(mod: IRModule, updates: Mapping[Any, relay.Function]) -> IRModule:
@@ -132,19 +133,21 @@ def dunders_answered_in_python() -> contextlib.AbstractContextManager[None]:
     ``__array_interface__`` and the like, and TVM looks every probe up as a node field, which
     fails in C++: the first failure of a process loads backtrace symbols (0.14 s, most of a
     single convolution's extraction), each one after costs 0.1 ms. No node field is a dunder
-    name, so the answer is the same ``AttributeError``. Every field read passes through the
-    answer while it is in force, so it is entered only where TOPI computes run.
+    name, so the answer is the same ``AttributeError``.
     """
     return patched(Object, "__getattr__", _answered)
 
 
-_FIELD_LOOKUP = Object.__getattr__
-
-
 def _answered(self: Any, name: str) -> Any:
+    # TVM's own lookup with the dunder test in front, in one frame: every field read runs it.
     if name.startswith("__") and name.endswith("__"):
         raise AttributeError(f"{type(self)} has no attribute {name}")
-    return _FIELD_LOOKUP(self, name)
+    if name == "handle":
+        raise AttributeError("handle is not set")
+    try:
+        return _node_api.NodeGetAttr(self, name)
+    except AttributeError:
+        raise AttributeError(f"{type(self)} has no attribute {name}") from None
 
 
 def node_key(node: Object) -> int:

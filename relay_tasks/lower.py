@@ -22,7 +22,7 @@ from tvm.target import Target
 
 from .cxx import std_hash_string
 from .errors import ExtractionError
-from .ir import dunders_answered_in_python, node_key
+from .ir import node_key
 
 #: Upstream shortens longer fused names to this many characters plus a hash.
 MAX_FUNC_NAME_LENGTH = 80
@@ -75,8 +75,7 @@ def lower_to_te(func: relay.Function, target: Target, constant_names: NameSupply
     Must run inside ``with target`` and the extraction's ``PassContext``: strategies read both.
     ``constant_names`` is shared across the functions of one extraction, as upstream shares it.
     """
-    with dunders_answered_in_python():
-        return _TELowering(target, constant_names).lower(func)
+    return _TELowering(target, constant_names).lower(func)
 
 
 class _TELowering:

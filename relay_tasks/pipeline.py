@@ -80,7 +80,7 @@ def extraction_scope(target: Target, settings: PassSettings) -> Iterator[None]:
     silent = autotvm.GLOBAL_SCOPE.silent
     autotvm.GLOBAL_SCOPE.silent = True  # AlterOpLayout would log every missing AutoTVM config
     try:
-        with target, settings.context(), memoized_cpu_features():
+        with target, settings.context(), memoized_cpu_features(), dunders_answered_in_python():
             yield
     finally:
         autotvm.GLOBAL_SCOPE.silent = silent
@@ -169,9 +169,8 @@ def pass_prefix() -> list[Step]:
         CanonicalizeCast(),
         op_gated(transform.CanonicalizeOps()),
         op_gated(transform.FlattenAtrousConv()),
-        # Its Python layout hooks are given the weights (what they read is computed then) and
-        # may run TOPI computes (CUDA's do).
-        _for_python_hooks(transform.AlterOpLayout()),
+        # Its Python layout hooks are given the weights; what they read is computed then.
+        _reads_filled(transform.AlterOpLayout()),
         SimplifyExprPostAlterOp(),
         transform.FastMath(),
         FoldConstant(),
@@ -263,12 +262,11 @@ _FILLS_WHAT_IT_READS = frozenset(
 )
 
 
-def _for_python_hooks(real: tvm.transform.Pass) -> tvm.transform.Pass:
-    """``real``, with every constant its Python hooks read computed first and the TOPI computes
-    they run answered as lowering answers them."""
+def _reads_filled(real: tvm.transform.Pass) -> tvm.transform.Pass:
+    """``real``, with every constant its Python hooks read computed first."""
 
     def run(mod: IRModule) -> IRModule:
-        with filled_on_read(), dunders_answered_in_python():
+        with filled_on_read():
             return real(mod)
 
     return stand_in(real, run)

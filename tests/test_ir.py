@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 import tvm
@@ -33,14 +35,21 @@ def test_node_keys_name_nodes_not_python_handles() -> None:
     assert node_key(again) == node_key(mod["main"].body.fields[0])  # ...for one node
 
 
+def _lookup_error(lookup: Any) -> str:
+    with pytest.raises(AttributeError) as error:
+        lookup()
+    return str(error.value)
+
+
 def test_dunder_probes_are_answered_without_tvm_and_only_inside_the_scope() -> None:
     var = tvm.te.var("n")
     real = Object.__getattr__
+    missing = [lambda: var.no_such_field, lambda: Object.__getattr__(var, "handle")]
+    outside = [_lookup_error(lookup) for lookup in missing]
     with pytest.raises(RuntimeError), dunders_answered_in_python():
         assert not hasattr(var, "__array_interface__")
         assert var.name == "n" and var.dtype == "int32"  # fields still come from TVM
-        with pytest.raises(AttributeError):
-            var.no_such_field  # noqa: B018
+        assert [_lookup_error(lookup) for lookup in missing] == outside  # and fail as in TVM
         raise RuntimeError
     assert Object.__getattr__ is real
 
