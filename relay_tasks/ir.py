@@ -173,46 +173,52 @@ def op_name(op: tvm.ir.Op) -> str:
     return name
 
 
+def children(node: Any) -> list[Any] | None:
+    """A node's children, each read once (every read of a field is a call through TVM's FFI):
+    a call's op then its arguments, a tuple's fields, and so on; [] for a leaf, None for a
+    node kind :func:`with_children` cannot rebuild (a ``Match``, a reference)."""
+    if isinstance(node, (relay.Var, relay.Constant, tvm.ir.Op, relay.GlobalVar)):
+        return []
+    if isinstance(node, relay.Call):
+        return [node.op, *node.args]
+    if isinstance(node, relay.Tuple):
+        return list(node.fields)
+    if isinstance(node, relay.TupleGetItem):
+        return [node.tuple_value]
+    if isinstance(node, relay.Function):
+        return [node.body]
+    if isinstance(node, relay.Let):
+        return [node.value, node.body]
+    if isinstance(node, relay.If):
+        return [node.cond, node.true_branch, node.false_branch]
+    return None
+
+
+def with_children(node: Any, new: list[Any]) -> Any:
+    """``node`` rebuilt over ``new`` children, given in the order of :func:`children`."""
+    if isinstance(node, relay.Call):
+        return relay.Call(new[0], new[1:], node.attrs, node.type_args, node.span)
+    if isinstance(node, relay.Tuple):
+        return relay.Tuple(new, node.span)
+    if isinstance(node, relay.TupleGetItem):
+        return relay.TupleGetItem(new[0], node.index)
+    if isinstance(node, relay.Function):
+        return relay.Function(
+            node.params, new[0], node.ret_type, node.type_params, node.attrs, node.span
+        )
+    if isinstance(node, relay.Let):
+        return relay.Let(node.var, *new)
+    assert isinstance(node, relay.If), type(node)
+    return relay.If(*new)
+
+
 def rebuild(node: Any, get: Callable[[Any], Any]) -> Any:
     """``node`` with its children replaced by ``get(child)`` (``node`` itself when none changed);
     None for a node kind this cannot rebuild (a ``Match``, a reference)."""
-    if isinstance(node, (relay.Var, relay.Constant, tvm.ir.Op, relay.GlobalVar)):
+    old = children(node)
+    if not old:
+        return node if old is not None else None
+    new = [get(child) for child in old]
+    if all(a.same_as(b) for a, b in zip(new, old, strict=True)):
         return node
-    # Each child is read once: every read of a node's field is a call through TVM's FFI.
-    if isinstance(node, relay.Call):
-        old_op, old_args = node.op, list(node.args)
-        op, args = get(old_op), [get(a) for a in old_args]
-        if op.same_as(old_op) and all(a.same_as(b) for a, b in zip(args, old_args, strict=True)):
-            return node
-        return relay.Call(op, args, node.attrs, node.type_args, node.span)
-    if isinstance(node, relay.Tuple):
-        old_fields = list(node.fields)
-        fields = [get(f) for f in old_fields]
-        if all(a.same_as(b) for a, b in zip(fields, old_fields, strict=True)):
-            return node
-        return relay.Tuple(fields, node.span)
-    if isinstance(node, relay.TupleGetItem):
-        old_tuple = node.tuple_value
-        tup = get(old_tuple)
-        return node if tup.same_as(old_tuple) else relay.TupleGetItem(tup, node.index)
-    if isinstance(node, relay.Function):
-        old_body = node.body
-        body = get(old_body)
-        if body.same_as(old_body):
-            return node
-        return relay.Function(
-            node.params, body, node.ret_type, node.type_params, node.attrs, node.span
-        )
-    if isinstance(node, relay.Let):
-        old_value, old_body = node.value, node.body
-        value, body = get(old_value), get(old_body)
-        if value.same_as(old_value) and body.same_as(old_body):
-            return node
-        return relay.Let(node.var, value, body)
-    if isinstance(node, relay.If):
-        branches = (node.cond, node.true_branch, node.false_branch)
-        parts = [get(part) for part in branches]
-        if all(a.same_as(b) for a, b in zip(parts, branches, strict=True)):
-            return node
-        return relay.If(*parts)
-    return None
+    return with_children(node, new)

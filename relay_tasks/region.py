@@ -20,7 +20,7 @@ from typing import Any
 import tvm
 from tvm import relay
 
-from .ir import node_key, rebuild
+from .ir import children, node_key, rebuild, with_children
 
 PassOnModule = Callable[[tvm.IRModule], tvm.IRModule]
 
@@ -81,25 +81,14 @@ class _Graph:
         key = node_key(node)
         self.nodes[key] = node
         self.order.append(key)
-        self.child_keys[key] = [node_key(child) for child in self.children(node)]
+        kids = children(node) or []
+        self.child_keys[key] = [node_key(child) for child in kids]
         for child in self.child_keys[key]:
             self.users.setdefault(child, []).append(key)
-        if isinstance(node, relay.Call) and not isinstance(node.op, tvm.ir.Op):
+        if isinstance(node, relay.Call) and not isinstance(kids[0], tvm.ir.Op):
             self.dataflow_only = False
         elif not isinstance(node, (*_INNER, relay.Var, relay.Constant, tvm.ir.Op)):
             self.dataflow_only &= node.same_as(self.func)  # no Let, If, Match, inner function
-
-    @staticmethod
-    def children(node: Any) -> list[Any]:
-        if isinstance(node, relay.Call):
-            return list(node.args)
-        if isinstance(node, relay.Tuple):
-            return list(node.fields)
-        if isinstance(node, relay.TupleGetItem):
-            return [node.tuple_value]
-        if isinstance(node, relay.Function):
-            return [node.body]
-        return []
 
     def inner(self, key: int) -> bool:
         return isinstance(self.nodes.get(key), _INNER)
@@ -160,9 +149,6 @@ def _splice(
     new: dict[int, Any] = {}
     placed: dict[int, Any] = {}
 
-    def get(child: Any) -> Any:
-        return new.get(node_key(child), child)
-
     def get_placed(child: Any) -> Any:
         return placed.get(node_key(child), child)
 
@@ -186,9 +172,9 @@ def _splice(
         if key in outputs:
             new[key] = place(outputs[key])
         elif key not in region:
-            node = graph.nodes[key]
-            changed = any(new[c] is not graph.nodes[c] for c in graph.child_keys[key])
-            new[key] = rebuild(node, get) if changed else node
+            node, kids = graph.nodes[key], graph.child_keys[key]
+            changed = any(new[c] is not graph.nodes[c] for c in kids)
+            new[key] = with_children(node, [new[c] for c in kids]) if changed else node
     func = new[node_key(graph.func)]
     assert isinstance(func, relay.Function)
     return func
