@@ -29,7 +29,15 @@ from tvm import relay
 from tvm.runtime import Object
 
 from .errors import ExtractionError
-from .ir import is_primitive_task, node_key, op_name, patched, rebuild, with_functions
+from .ir import (
+    is_primitive_task,
+    node_key,
+    op_name,
+    patched,
+    reads_of,
+    rebuild,
+    with_functions,
+)
 
 Array = npt.NDArray[Any]
 Evaluator = Callable[[Any, Sequence[Array]], Array | None]
@@ -657,9 +665,8 @@ class _Prefolder:
         shape query, primitive function, or op call whose arguments are all constants), so
         that skipping the pass returns what it would.
         """
-        order: list[Any] = []
-        relay.analysis.post_order_visit(func, order.append)
-        if any(_needs_tvm(n) for n in order):
+        reads = reads_of(func)
+        if any(_needs_tvm(n) for n in reads.nodes):
             return func, True
         memo: dict[int, relay.Expr] = {}
 
@@ -667,10 +674,10 @@ class _Prefolder:
             return memo.get(node_key(expr), expr) if isinstance(expr, relay.Expr) else expr
 
         left = False
-        for node in order:
-            op = node.op if isinstance(node, relay.Call) else None
+        for node in reads.nodes:
+            op = reads.op(node) if isinstance(node, relay.Call) else None
             if isinstance(op, tvm.ir.Op):
-                new, kept = self._fold_call(node, op, get)
+                new, kept = self._fold_call(node, op, reads.args(node), get)
             else:
                 new = rebuild(node, get)
                 if new is None:
@@ -681,13 +688,17 @@ class _Prefolder:
         return memo[node_key(func)], left
 
     def _fold_call(
-        self, original: relay.Call, op: tvm.ir.Op, get: Callable[[Any], Any]
+        self,
+        original: relay.Call,
+        op: tvm.ir.Op,
+        old_args: list[relay.Expr],
+        get: Callable[[Any], Any],
     ) -> tuple[relay.Expr, bool]:
-        """The op call ``original`` with its arguments folded (``get``), as a constant where it
-        evaluates; else the call and whether TVM's FoldConstant may still rewrite it: it
-        evaluates every op call whose arguments are all constants, and looks through
-        ``on_device`` annotations. (Each field is read once: reads go through TVM's FFI.)"""
-        old_args = list(original.args)
+        """The op call ``original`` (of ``op`` on ``old_args``) with its arguments folded
+        (``get``), as a constant where it evaluates; else the call and whether TVM's
+        FoldConstant may still rewrite it: it evaluates every op call whose arguments are all
+        constants, and looks through ``on_device`` annotations. (Each field is read once: reads
+        go through TVM's FFI.)"""
         args = [get(arg) for arg in old_args]
         call = original
         if not all(a.same_as(b) for a, b in zip(args, old_args, strict=True)):

@@ -11,14 +11,14 @@ of the test zoo, and each reason to run has a graph where the real pass rewrites
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import tvm
 from tvm import relay
 
 from .fold import fill_all
-from .ir import is_optimizable, node_key, op_name, stand_in
+from .ir import FunctionReads, is_optimizable, node_key, reads_of, stand_in
 
 
 def _skipped_unless(
@@ -110,30 +110,29 @@ def may_fold_a_scale(mod: tvm.IRModule) -> bool:
     scale is only made by a multiply and only absorbed by those layers."""
     if not triggered("BackwardFoldScaleAxis", ops_in(mod)):
         return False  # TVM's census says one of the two kinds is missing: no walk needed
-    for call in _calls(mod):
-        op = call.op
-        name = op_name(op) if isinstance(op, tvm.ir.Op) else ""
-        if name == "multiply" and any(_reaches(arg, SCALE_ABSORBERS) for arg in call.args):
+    for reads, call in _calls(mod):
+        name = reads.op_name(call)
+        args = reads.args(call) if name else []
+        if name == "multiply" and any(_reaches(reads, arg, SCALE_ABSORBERS) for arg in args):
             return True
-        if name in SCALE_ABSORBERS and _reaches(call.args[0], frozenset({"multiply"})):
+        if name in SCALE_ABSORBERS and _reaches(reads, args[0], frozenset({"multiply"})):
             return True
     return False
 
 
-def _reaches(expr: relay.Expr, targets: frozenset[str]) -> bool:
+def _reaches(reads: FunctionReads, expr: relay.Expr, targets: frozenset[str]) -> bool:
     """Whether ``expr`` is, or is computed through scale carriers from, a call to ``targets``."""
     pending, seen = [expr], set()
     while pending:
         node = pending.pop()
-        op = node.op if isinstance(node, relay.Call) else None
-        if not isinstance(op, tvm.ir.Op) or node_key(node) in seen:
+        name = reads.op_name(node)
+        if not name or node_key(node) in seen:
             continue
         seen.add(node_key(node))
-        name = op_name(op)
         if name in targets:
             return True
         if name in SCALE_CARRIERS:
-            pending.extend(node.args)
+            pending.extend(reads.args(node))
     return False
 
 
@@ -157,8 +156,8 @@ def has_shared_upcasts(mod: tvm.IRModule) -> bool:
         return False
     patterns: dict[int, int] = {}
     uses: dict[int, tuple[relay.Call, int]] = {}
-    for call in _calls(mod):
-        op = call.op
+    for reads, call in _calls(mod):
+        op = reads.op(call)
         if not isinstance(op, tvm.ir.Op):
             continue
         key = node_key(op)
@@ -167,9 +166,8 @@ def has_shared_upcasts(mod: tvm.IRModule) -> bool:
             patterns[key] = _BROADCAST + 1 if pattern is None else int(pattern)
         if patterns[key] > _BROADCAST:
             continue
-        for arg in call.args:
-            inner = arg.op if isinstance(arg, relay.Call) else None
-            if isinstance(inner, tvm.ir.Op) and op_name(inner) == "cast":
+        for arg in reads.args(call):
+            if reads.op_name(arg) == "cast":
                 count = uses.get(node_key(arg), (arg, 0))[1] + 1
                 uses[node_key(arg)] = (arg, count)
     return any(count > 1 and _widens(cast) for cast, count in uses.values())
@@ -259,11 +257,11 @@ def legalizes_something(mod: tvm.IRModule) -> bool:
             hooks[node_key(op)] = hook
     if not hooks:
         return False
-    for call in _calls(mod):
-        op = call.op
+    for reads, call in _calls(mod):
+        op = reads.op(call)
         hook = hooks.get(node_key(op)) if isinstance(op, tvm.ir.Op) else None
         if hook is not None:
-            args = call.args
+            args = call.args  # TVM's own array, as the real pass hands it over
             types = [arg.checked_type for arg in args] + [call.checked_type]
             if hook(call.attrs, args, types) is not None:
                 return True
@@ -288,20 +286,20 @@ def has_common_subexpressions(mod: tvm.IRModule) -> bool:
     stateful: dict[int, bool] = {}
     calls: dict[tuple[Any, ...], list[relay.Call]] = {}
     projections: set[tuple[int, int]] = set()
-    for node in _nodes(mod):
+    for reads, node in _nodes(mod):
         if isinstance(node, relay.TupleGetItem):
             key = (node_key(node.tuple_value), int(node.index))
             if key in projections:
                 return True
             projections.add(key)
             continue
-        op = node.op if isinstance(node, relay.Call) else None
+        op = reads.op(node) if isinstance(node, relay.Call) else None
         if not isinstance(op, tvm.ir.Op):
             continue
         op_key = node_key(op)
         if op_key not in stateful:
             stateful[op_key] = bool(op.get_attr("TOpIsStateful"))
-        args = node.args
+        args = reads.args(node)
         if not args or stateful[op_key]:
             continue
         same_args = calls.setdefault((op_key, *(_argument_key(arg) for arg in args)), [])
@@ -332,14 +330,15 @@ def _same_attrs(a: Any, b: Any) -> bool:
     return bool(tvm.ir.structural_equal(a, b))
 
 
-def _nodes(mod: tvm.IRModule) -> list[Any]:
-    """Every node of the functions a function pass rewrites, each function in post order."""
-    nodes: list[Any] = []
+def _nodes(mod: tvm.IRModule) -> Iterator[tuple[FunctionReads, Any]]:
+    """Every node of the functions a function pass rewrites, each function in post order, with
+    the reads of its function."""
     for func in mod.functions.values():
         if isinstance(func, relay.Function) and is_optimizable(func):
-            relay.analysis.post_order_visit(func, nodes.append)
-    return nodes
+            reads = reads_of(func)
+            for node in reads.nodes:
+                yield reads, node
 
 
-def _calls(mod: tvm.IRModule) -> list[relay.Call]:
-    return [node for node in _nodes(mod) if isinstance(node, relay.Call)]
+def _calls(mod: tvm.IRModule) -> Iterator[tuple[FunctionReads, relay.Call]]:
+    return ((reads, node) for reads, node in _nodes(mod) if isinstance(node, relay.Call))

@@ -38,7 +38,7 @@ from .gates import (
     op_gated,
 )
 from .inputs import type_check
-from .ir import dunders_answered_in_python, stand_in, with_functions
+from .ir import dunders_answered_in_python, reads_shared, stand_in, with_functions
 from .simplify import SimplifyExpr, SimplifyExprPostAlterOp
 
 
@@ -377,7 +377,7 @@ def optimize(mod: IRModule, params: Mapping[str, tvm.nd.NDArray]) -> IRModule:
     """Bind params and run the pass prefix and FuseOps. Call inside :func:`extraction_scope`."""
     try:
         steps = [*pass_prefix(), relay.transform.FuseOps()]
-        with deferred_placeholders() as unfilled, memoized_layout_hooks():
+        with deferred_placeholders() as unfilled, memoized_layout_hooks(), reads_shared():
             fused = run_passes(steps, type_check(bind_params(mod, params)), typed=True)
             refuse_placeholders(fused, unfilled)
         return fused

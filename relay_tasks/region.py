@@ -20,7 +20,7 @@ from typing import Any
 import tvm
 from tvm import relay
 
-from .ir import children, node_key, rebuild, with_children
+from .ir import node_key, reads_of, rebuild, with_children
 
 PassOnModule = Callable[[tvm.IRModule], tvm.IRModule]
 
@@ -75,13 +75,15 @@ class _Graph:
         self.users: dict[int, list[int]] = {}
         self.child_keys: dict[int, list[int]] = {}
         self.dataflow_only = True
-        relay.analysis.post_order_visit(func, self._add)
+        self.reads = reads_of(func)
+        for node in self.reads.nodes:
+            self._add(node)
 
     def _add(self, node: Any) -> None:
         key = node_key(node)
         self.nodes[key] = node
         self.order.append(key)
-        kids = children(node) or []
+        kids = self.reads.children(node) or []
         self.child_keys[key] = [node_key(child) for child in kids]
         for child in self.child_keys[key]:
             self.users.setdefault(child, []).append(key)

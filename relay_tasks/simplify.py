@@ -22,7 +22,7 @@ from tvm import relay
 from tvm.relay.dataflow_pattern import DFPatternCallback, is_constant, is_op, rewrite, wildcard
 
 from .fold import fill_within, folded_call
-from .ir import node_key, op_name, stand_in, with_functions
+from .ir import FunctionReads, op_name, reads_of, stand_in, with_functions
 from .region import run_on_region
 
 Check = Callable[[relay.Call], bool]
@@ -41,40 +41,26 @@ _ALWAYS = _FILLS | {
 _IDENTITY_VALUE = {"add": 0.0, "subtract": 0.0, "multiply": 1.0, "divide": 1.0}
 
 
-#: During one screening walk, each call's op name and arguments by handle: several screens look
-#: at the same call and its arguments, and every field read goes through TVM's FFI.
-_SEEN: ContextVar[dict[tuple[int, str], Any] | None] = ContextVar(
-    "relay_tasks_screen_reads", default=None
-)
-
-
-def _remembered(call: relay.Call, field: str, read: Callable[[], Any]) -> Any:
-    seen = _SEEN.get()
-    if seen is None:
-        return read()
-    key = (node_key(call), field)
-    if key not in seen:
-        seen[key] = read()
-    return seen[key]
+#: During one screening walk, the reads of the function walked: several screens look at the
+#: same call and its arguments, and every field read goes through TVM's FFI.
+_READS: ContextVar[FunctionReads | None] = ContextVar("relay_tasks_screen_reads", default=None)
 
 
 def _op_name(expr: Any) -> str:
     """The op a call calls ("" for anything else), read once per walk."""
+    reads = _READS.get()
+    if reads is not None:
+        return reads.op_name(expr)
     if not isinstance(expr, relay.Call):
         return ""
-
-    def read() -> str:
-        op = expr.op
-        return op_name(op) if isinstance(op, tvm.ir.Op) else ""
-
-    name: str = _remembered(expr, "op", read)
-    return name
+    op = expr.op
+    return op_name(op) if isinstance(op, tvm.ir.Op) else ""
 
 
 def _args(call: relay.Call) -> list[Any]:
     """A call's arguments, read once per walk."""
-    args: list[Any] = _remembered(call, "args", lambda: list(call.args))
-    return args
+    reads = _READS.get()
+    return reads.args(call) if reads is not None else list(call.args)
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -285,20 +271,15 @@ def flagged_calls(func: relay.Function, screens: Iterable[Screen]) -> list[relay
         if screen.roots is None:
             anywhere.append(screen)
     calls: list[relay.Call] = []
-
-    def collect(node: Any) -> None:
-        if isinstance(node, relay.Call):
-            name = _op_name(node)
-            if name:
-                relevant = by_root.get(name, []) + anywhere
-                if any(screen(node) for screen in relevant):
-                    calls.append(node)
-
-    token = _SEEN.set({})
+    reads = reads_of(func)
+    token = _READS.set(reads)
     try:
-        relay.analysis.post_order_visit(func, collect)
+        for node in reads.nodes:
+            name = reads.op_name(node)
+            if name and any(screen(node) for screen in by_root.get(name, []) + anywhere):
+                calls.append(node)
     finally:
-        _SEEN.reset(token)
+        _READS.reset(token)
     return calls
 
 

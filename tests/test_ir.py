@@ -12,10 +12,22 @@ from tvm.runtime import Object
 from tvm.runtime import object as tvm_object
 
 import relay_tasks
+from relay_tasks import ir
 from relay_tasks.adapters.ansor import default_hardware_params
-from relay_tasks.ir import dunders_answered_in_python, node_key
+from relay_tasks.adapters.meta_schedule import DEFAULT_PASS_CONFIG
+from relay_tasks.inputs import as_module
+from relay_tasks.ir import (
+    _SHARED_FUNCTIONS as SHARED_FUNCTIONS,
+)
+from relay_tasks.ir import (
+    dunders_answered_in_python,
+    node_key,
+    reads_of,
+    reads_shared,
+)
+from relay_tasks.pipeline import PassSettings, extraction_scope, optimize
 
-from zoo import CUDA
+from zoo import CUDA, X86, load
 
 
 def test_node_keys_name_nodes_not_python_handles() -> None:
@@ -82,3 +94,56 @@ def test_cuda_templates_probe_no_dunder_in_tvm(tuner: str, monkeypatch: pytest.M
         tasks, _ = relay_tasks.ansor.extract_tasks(mod, target, params, hardware_params=hardware)
     assert tasks and asked
     assert not [name for name in asked if name.startswith("__")]
+
+
+def _functions(count: int) -> list[relay.Function]:
+    x = relay.var("x", shape=(2,))
+    return [relay.Function([x], relay.add(x, relay.const(float(i)))) for i in range(count)]
+
+
+def test_reads_are_shared_per_function_only_inside_the_scope() -> None:
+    func = _functions(1)[0]
+    reads = reads_of(func)
+    call = reads.nodes[-2]  # the add, just before the function itself
+    assert isinstance(call, relay.Call) and reads.op_name(call) == "add"
+    assert reads.args(call)[0].same_as(func.params[0])
+    assert reads.children(call)[0].same_as(call.op)
+    assert reads_of(func) is not reads  # nothing is kept outside the scope
+    with reads_shared():
+        shared = reads_of(func)
+        assert reads_of(func) is shared
+        assert reads_of(relay.Function(func.params, func.body)) is not shared  # another node
+        assert reads_of(tvm.IRModule.from_expr(func)["main"]) is shared  # another handle
+    assert reads_of(func) is not shared
+
+
+def test_shared_reads_let_older_functions_go() -> None:
+    """Only the functions met last are kept, with what they hold (the pipeline meets one
+    function at a time, and old versions hold constants nothing else needs)."""
+    funcs = _functions(SHARED_FUNCTIONS + 1)
+    with reads_shared():
+        first = reads_of(funcs[0])
+        for func in funcs[1:]:
+            reads_of(func)
+        assert reads_of(funcs[-1]) is reads_of(funcs[-1])
+        assert reads_of(funcs[0]) is not first
+
+
+def test_an_unchanged_function_is_read_once_by_the_whole_pipeline(monkeypatch) -> None:
+    """Gates, folds and screens that meet ``main`` unchanged read it once between them."""
+    from relay_tasks import ir
+
+    built: list[ir.FunctionReads] = []
+    original = ir.FunctionReads.__init__
+
+    def counted(self: ir.FunctionReads, func: relay.Function) -> None:
+        original(self, func)
+        built.append(self)
+
+    monkeypatch.setattr(ir.FunctionReads, "__init__", counted)
+    mod, params = load("dense_softmax")
+    with extraction_scope(tvm.target.Target(X86), PassSettings(config=dict(DEFAULT_PASS_CONFIG))):
+        optimize(as_module(mod), params)
+    assert built
+    for i, reads in enumerate(built):
+        assert not any(reads.func.same_as(later.func) for later in built[i + 1 :])
