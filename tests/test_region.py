@@ -8,6 +8,7 @@ compared with the real pass on the whole module.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -115,10 +116,18 @@ def rewrite_graphs(draw: Callable[..., Any]) -> tvm.IRModule:
 def _local_equals_whole(mod: tvm.IRModule, name: str) -> bool:
     """Whether the local path settled; asserts that what it settled is the real pass's result."""
     real, screens = PASSES[name]
+    try:
+        whole = real()(mod)
+    except tvm.TVMError as error:
+        # TVM's own rewrites can undo each other forever ("Observed 100 rewrite passes"): the
+        # pass fails on the graph, upstream's extraction with it, and nothing is compared.
+        assert "rewrite passes" in str(error)
+        with contextlib.suppress(tvm.TVMError):
+            simplify.simplify_locally(mod, real, screens)
+        return False
     local = simplify.simplify_locally(mod, real, screens)
     if local is None:
         return False
-    whole = real()(mod)
     assert tvm.ir.structural_equal(local, whole), f"{name}\n{mod}\nlocal:\n{local}\nwhole:\n{whole}"
     # Structural equality sees a value computed twice as equal to one computed once and shared;
     # the number of distinct nodes does not (duplicated work would become duplicated kernels).
@@ -157,25 +166,35 @@ def reshape_graphs(draw: Callable[..., Any]) -> tvm.IRModule:
     return _typed(outputs[0] if len(outputs) == 1 else relay.Tuple(outputs))
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
-@given(mod=reshape_graphs())
-def test_reshape_pairs_alone_merge_as_simplify_expr_merges_them(mod: tvm.IRModule) -> None:
-    """Where only reshape pairs are flagged, SimplifyReshape alone does the work: the same
-    module as the whole pass, on the cut and on the whole graph."""
-    calls = simplify.flagged_calls(mod["main"], simplify.SIMPLIFY_EXPR_SCREENS)
-    if calls:
-        own = simplify._own_rewrites(calls, simplify.SIMPLIFY_EXPR_SCREENS)
-        assert [type(callback) for callback in own or ()] == [simplify._ReshapePair]
-    whole = relay.transform.SimplifyExpr()(mod)
-    merged = _merge_reshapes(mod)
-    assert tvm.ir.structural_equal(merged, whole), f"{mod}\nmerged:\n{merged}\nwhole:\n{whole}"
-    assert _distinct_nodes(merged) == _distinct_nodes(whole)
-    for name in PASSES:
-        _local_equals_whole(mod, name)
+def test_reshape_pairs_alone_merge_as_simplify_expr_merges_them() -> None:
+    """Where only reshape pairs are flagged, SimplifyReshape alone does the work, round after
+    round: the same module as the whole pass; and most such graphs settle that way (the rest,
+    pairs whose inner reshape is used elsewhere, go to the real pass)."""
+    flagged = settled = 0
+
+    @settings(max_examples=150, deadline=None, database=None, derandomize=True)
+    @given(mod=reshape_graphs())
+    def run(mod: tvm.IRModule) -> None:
+        nonlocal flagged, settled
+        calls = simplify.flagged_calls(mod["main"], simplify.SIMPLIFY_EXPR_SCREENS)
+        if calls:
+            own = simplify._own_rewrites(calls, simplify.SIMPLIFY_EXPR_SCREENS)
+            assert [type(callback) for callback in own or ()] == [simplify._ReshapePair]
+            flagged += 1
+            settled += _local_equals_whole(mod, "SimplifyExpr")
+        _local_equals_whole(mod, "SimplifyExprPostAlterOp")
+
+    run()
+    assert flagged >= 30 and settled >= flagged * 2 // 3, (settled, flagged)
 
 
-def _merge_reshapes(mod: tvm.IRModule) -> tvm.IRModule:
-    return simplify._rewritten_by([simplify._ReshapePair()])(mod)
+def test_reshape_chains_settle_locally() -> None:
+    """A chain merges a pair per round (a reshape made in a round is typed only after it)."""
+    x = relay.var("x", shape=(2, 3, 4))
+    chain = x
+    for shape in [(6, 4), (4, 6), (24,), (2, 12), (3, 8), (1, 24)]:
+        chain = relay.reshape(chain, shape)
+    assert _local_equals_whole(_typed(relay.tanh(chain)), "SimplifyExpr")
 
 
 def test_reshape_pairs_with_run_time_dimensions_stay() -> None:
@@ -183,7 +202,7 @@ def test_reshape_pairs_with_run_time_dimensions_stay() -> None:
     x = relay.var("x", shape=(relay.Any(), 4))
     pair = relay.reshape(relay.reshape(x, (-1, 2)), (-1,))
     mod = _typed(pair)
-    assert tvm.ir.structural_equal(_merge_reshapes(mod), mod)
+    assert simplify._rewritten(mod["main"], [simplify._ReshapePair()]) is None
     assert tvm.ir.structural_equal(relay.transform.SimplifyExpr()(mod), mod)
 
 
@@ -260,9 +279,10 @@ def test_adjacent_float_constants_are_multiplied_without_compiling() -> None:
     calls = simplify.flagged_calls(mod["main"], simplify.SIMPLIFY_EXPR_SCREENS)
     own = simplify._own_rewrites(calls, simplify.SIMPLIFY_EXPR_SCREENS)
     with counting_llvm_builds() as builds:
-        ours = simplify._rewritten_by(own or [])(mod)
+        ours = simplify._rewritten(mod["main"], own or [])
     assert builds == []
-    assert tvm.ir.structural_equal(ours, relay.transform.SimplifyExpr()(mod))
+    ours_typed = relay.transform.InferType()(tvm.IRModule.from_expr(ours))
+    assert tvm.ir.structural_equal(ours_typed, relay.transform.SimplifyExpr()(mod))
 
 
 def test_most_random_graphs_settle_locally() -> None:
@@ -286,6 +306,7 @@ def _cases() -> dict[str, relay.Expr]:
     x = relay.var("x", shape=(2, 3, 4))
     inner = relay.reshape(x, (6, 4))
     shared_sqrt = relay.sqrt(x)
+    plus_one = relay.add(x, relay.const(1.0))
     return {
         # The inner reshape is used again: TVM refuses to fold the chain, and so must the cut.
         "shared_interior": relay.Tuple([relay.reshape(inner, (24,)), relay.exp(inner)]),
@@ -294,14 +315,22 @@ def _cases() -> dict[str, relay.Expr]:
             relay.add(relay.reshape(x, (24,)), relay.const(0.0)), (6, 4)
         ),
         "shared_sqrt": relay.Tuple([x / shared_sqrt, shared_sqrt * relay.const(2.0)]),
+        # TVM's own pass loops on this one: ((y + no-op transpose of y) * 0) + 0.
+        "rewrites_loop": relay.add(
+            relay.multiply(
+                relay.add(plus_one, relay.transpose(plus_one, axes=[0, 1, 2])), relay.const(0.0)
+            ),
+            relay.const(0.0),
+        ),
         "deep": relay.tanh(
             relay.reshape(relay.reshape(relay.tanh(relay.tanh(relay.exp(x))), (24,)), (6, 4))
         ),
     }
 
 
-#: Cases whose flagged call TVM leaves alone, so the local path hands the graph over.
-HANDED_OVER = {"shared_interior"}
+#: Cases whose flagged call TVM leaves alone, so the local path hands the graph over, and the
+#: one whose whole-graph pass fails.
+HANDED_OVER = {"shared_interior", "rewrites_loop"}
 
 
 @pytest.mark.parametrize("case", sorted(_cases()))
