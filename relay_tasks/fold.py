@@ -36,6 +36,7 @@ from .ir import (
     patched,
     reads_of,
     rebuild,
+    with_children,
     with_functions,
 )
 
@@ -702,7 +703,7 @@ class _Prefolder:
         args = [get(arg) for arg in old_args]
         call = original
         if not all(a.same_as(b) for a, b in zip(args, old_args, strict=True)):
-            call = relay.Call(op, args, original.attrs, original.type_args, original.span)
+            call = with_children(original, [op, *args])
         operands = _constant_operands(args)
         name = op_name(op)
         if operands is None:

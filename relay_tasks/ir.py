@@ -161,6 +161,22 @@ def node_key(node: Object) -> int:
 
 
 _POINTER_HASH = tvm.runtime._ffi_api.ObjectPtrHash
+_FIELD = _node_api.NodeGetAttr
+_ARRAY_SIZE = tvm.runtime._ffi_api.ArraySize
+_ARRAY_ITEM = tvm.runtime._ffi_api.ArrayGetItem
+
+
+def items(array: Any) -> list[Any]:
+    """A TVM ``Array``'s elements, one FFI call each and one for the size: iterating the Array
+    itself asks for its size again before every element (a third of reading a call)."""
+    return [_ARRAY_ITEM(array, i) for i in range(_ARRAY_SIZE(array))]
+
+
+def call_parts(call: relay.Call) -> tuple[Any, list[Any]]:
+    """A call's op and arguments, read straight through the FFI (the hot read of every walk)."""
+    return _FIELD(call, "op"), items(_FIELD(call, "args"))
+
+
 _OP_NAMES: dict[int, str] = {}
 
 
@@ -194,7 +210,7 @@ class FunctionReads:
         key = node_key(call)
         entry = self._calls.get(key)
         if entry is None:
-            entry = self._calls[key] = (call, call.op, list(call.args))
+            entry = self._calls[key] = (call, *call_parts(call))
         return entry
 
     def op(self, call: relay.Call) -> Any:
@@ -256,9 +272,10 @@ def children(node: Any) -> list[Any] | None:
     if isinstance(node, (relay.Var, relay.Constant, tvm.ir.Op, relay.GlobalVar)):
         return []
     if isinstance(node, relay.Call):
-        return [node.op, *node.args]
+        op, args = call_parts(node)
+        return [op, *args]
     if isinstance(node, relay.Tuple):
-        return list(node.fields)
+        return items(_FIELD(node, "fields"))
     if isinstance(node, relay.TupleGetItem):
         return [node.tuple_value]
     if isinstance(node, relay.Function):
@@ -271,21 +288,30 @@ def children(node: Any) -> list[Any] | None:
 
 
 def with_children(node: Any, new: list[Any]) -> Any:
-    """``node`` rebuilt over ``new`` children, given in the order of :func:`children`."""
+    """``node`` rebuilt over ``new`` children, given in the order of :func:`children`, as TVM's
+    own mutators rebuild (its ``WithFields``: one FFI call, every other field kept, the checked
+    type too until the next type inference; building a call from Python instead reads three
+    fields and converts the arguments one by one, twice the cost)."""
     if isinstance(node, relay.Call):
-        return relay.Call(new[0], new[1:], node.attrs, node.type_args, node.span)
+        return _CALL_WITH(node, new[0], new[1:], None, None, None, None)
     if isinstance(node, relay.Tuple):
-        return relay.Tuple(new, node.span)
+        return _TUPLE_WITH(node, new, None, None)
     if isinstance(node, relay.TupleGetItem):
-        return relay.TupleGetItem(new[0], node.index)
+        return _PROJECTION_WITH(node, new[0], None, None, None)
     if isinstance(node, relay.Function):
-        return relay.Function(
-            node.params, new[0], node.ret_type, node.type_params, node.attrs, node.span
-        )
+        return _FUNCTION_WITH(node, None, new[0], None, None, None, None, None)
     if isinstance(node, relay.Let):
-        return relay.Let(node.var, *new)
+        return _LET_WITH(node, None, new[0], new[1], None, None)
     assert isinstance(node, relay.If), type(node)
-    return relay.If(*new)
+    return _IF_WITH(node, *new, None, None)
+
+
+_CALL_WITH = tvm.get_global_func("relay.ir.CallWithFields")
+_TUPLE_WITH = tvm.get_global_func("relay.ir.TupleWithFields")
+_PROJECTION_WITH = tvm.get_global_func("relay.ir.TupleGetItemWithFields")
+_FUNCTION_WITH = tvm.get_global_func("relay.ir.FunctionWithFields")
+_LET_WITH = tvm.get_global_func("relay.ir.LetWithFields")
+_IF_WITH = tvm.get_global_func("relay.ir.IfWithFields")
 
 
 def rebuild(node: Any, get: Callable[[Any], Any]) -> Any:

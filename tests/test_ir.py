@@ -47,6 +47,58 @@ def test_node_keys_name_nodes_not_python_handles() -> None:
     assert node_key(again) == node_key(mod["main"].body.fields[0])  # ...for one node
 
 
+def test_direct_reads_give_what_the_python_api_gives() -> None:
+    x = relay.var("x", shape=(2, 3))
+    call = relay.nn.softmax(relay.add(x, relay.const(1.0)), axis=0)
+    op, args = ir.call_parts(call)
+    assert op.same_as(call.op) and [a.same_as(b) for a, b in zip(args, call.args, strict=True)] == [
+        True
+    ]
+    nullary = relay.Call(relay.Function([], relay.const(1.0)), [])
+    assert ir.call_parts(nullary)[1] == [] and ir.items(relay.Tuple([]).fields) == []
+    assert len(ir.items(relay.Tuple([x, call, x]).fields)) == 3
+
+
+def _every_kind() -> list[Any]:
+    x = relay.var("x", shape=(2,))
+    y = relay.var("y", shape=(2,))
+    call = relay.Call(
+        tvm.ir.Op.get("nn.softmax"),
+        [x],
+        tvm.ir.make_node("relay.attrs.SoftmaxAttrs", axis=0),
+        span=tvm.ir.Span(tvm.ir.SourceName("m"), 1, 1, 1, 2),
+    )
+    tup = relay.Tuple([x, call])
+    func = relay.Function([x], call).with_attr("Primitive", 1)
+    return [
+        call,
+        tup,
+        relay.TupleGetItem(tup, 1),
+        func,
+        relay.Let(y, x, relay.add(y, y)),
+        relay.If(relay.const(True), x, call),
+    ]
+
+
+@pytest.mark.parametrize("index", range(6))
+def test_a_node_rebuilt_over_new_children_keeps_every_other_field(index: int) -> None:
+    """As TVM's own mutators rebuild: the new children in place, everything else kept."""
+    node = _every_kind()[index]
+    kids = ir.children(node)
+    assert kids is not None
+    new = [k if isinstance(k, tvm.ir.Op) else relay.var(f"new{i}") for i, k in enumerate(kids)]
+    rebuilt = ir.with_children(node, new)
+    assert not rebuilt.same_as(node) and type(rebuilt) is type(node)
+    assert all(a.same_as(b) for a, b in zip(ir.children(rebuilt), new, strict=True))
+    for name in ("attrs", "type_args", "span", "params", "ret_type", "var", "index"):
+        if hasattr(node, name):
+            old, got = getattr(node, name), getattr(rebuilt, name)
+            plain = old is None or isinstance(old, int)
+            assert got == old if plain else old.same_as(got), name
+    same = ir.with_children(node, kids)
+    assert same.same_as(node)  # nothing new: the node itself, as TVM's WithFields answers
+
+
 def _lookup_error(lookup: Any) -> str:
     with pytest.raises(AttributeError) as error:
         lookup()
