@@ -38,7 +38,13 @@ from .gates import (
     op_gated,
 )
 from .inputs import type_check
-from .ir import dunders_answered_in_python, reads_shared, stand_in, with_functions
+from .ir import (
+    dunders_answered_in_python,
+    pointers_made_cheaply,
+    reads_shared,
+    stand_in,
+    with_functions,
+)
 from .simplify import SimplifyExpr, SimplifyExprPostAlterOp
 
 
@@ -80,7 +86,13 @@ def extraction_scope(target: Target, settings: PassSettings) -> Iterator[None]:
     silent = autotvm.GLOBAL_SCOPE.silent
     autotvm.GLOBAL_SCOPE.silent = True  # AlterOpLayout would log every missing AutoTVM config
     try:
-        with target, settings.context(), memoized_cpu_features(), dunders_answered_in_python():
+        with (
+            target,
+            settings.context(),
+            memoized_cpu_features(),
+            dunders_answered_in_python(),
+            pointers_made_cheaply(),
+        ):
             yield
     finally:
         autotvm.GLOBAL_SCOPE.silent = silent

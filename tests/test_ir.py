@@ -99,6 +99,31 @@ def test_a_node_rebuilt_over_new_children_keeps_every_other_field(index: int) ->
     assert same.same_as(node)  # nothing new: the node itself, as TVM's WithFields answers
 
 
+def test_the_ffi_builds_its_unused_pointers_cheaply_only_inside_the_scope() -> None:
+    """TVM's Cython FFI casts every returned object's address to a ctypes pointer it drops;
+    inside, that pointer is built directly, with the same value, and every other use of ctypes
+    by the FFI is ctypes' own."""
+    import ctypes
+    import sys
+
+    core = sys.modules["tvm._ffi._cy3.core"]
+    assert core.ctypes is ctypes
+    x = relay.var("x", shape=(2,))
+    call = relay.add(x, x)
+    with ir.pointers_made_cheaply(), ir.pointers_made_cheaply():
+        assert core.ctypes is not ctypes and core.ctypes.c_void_p is ctypes.c_void_p
+        for address in (0, 1, 2**47 + 8):
+            assert (
+                core.ctypes.cast(address, ctypes.c_void_p).value == ctypes.c_void_p(address).value
+            )
+        buffer = ctypes.create_string_buffer(b"relay")
+        assert core.ctypes.cast(buffer, ctypes.c_char_p).value == b"relay"  # ctypes' own
+        assert call.op.handle.value == node_key(call.op)  # handles still point at the node
+        saved = relay.save_param_dict({"w": tvm.nd.array(np.arange(3, dtype="float32"))})
+        assert relay.load_param_dict(saved)["w"].numpy().tolist() == [0, 1, 2]  # bytes returns
+    assert core.ctypes is ctypes
+
+
 def _lookup_error(lookup: Any) -> str:
     with pytest.raises(AttributeError) as error:
         lookup()
