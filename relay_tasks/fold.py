@@ -743,7 +743,7 @@ class _Prefolder:
         fill(const)
         key = node_key(const)
         if key not in self.views:
-            self.views[key] = _view(_raw_data(const))
+            self.views[key] = array_view(_raw_data(const))
         return self.views[key]
 
 
@@ -777,7 +777,7 @@ def _buffer(data: tvm.nd.NDArray) -> int:
     return int(data.handle.contents.data or 0)
 
 
-def _view(data: tvm.nd.NDArray) -> Array:
+def array_view(data: tvm.nd.NDArray) -> Array:
     """The constant's data as numpy, without copying where DLPack allows."""
     try:
         return np.asarray(np.from_dlpack(data))
@@ -790,7 +790,7 @@ def folded_call(call: relay.Call) -> relay.Constant:
     computed here where an evaluator covers it, else by TVM (deferred operands are computed)."""
     operands = _constant_operands(list(call.args))
     if operands is not None:
-        result = evaluate_call(call, [_view(_filled_data(c)) for c in operands])
+        result = evaluate_call(call, [array_view(_filled_data(c)) for c in operands])
         if result is not None:
             return relay.Constant(as_ndarray(result))
     for const in operands or ():

@@ -11,6 +11,7 @@ real passes wherever the screen says "no" and checks that they change nothing.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ import tvm
 from tvm import relay
 from tvm.relay.dataflow_pattern import DFPatternCallback, is_constant, is_op, rewrite, wildcard
 
-from .fold import fill_within, folded_call
+from .fold import array_view, fill_within, folded_call
 from .ir import FunctionReads, op_name, reads_of, stand_in, with_functions
 from .region import run_on_region
 
@@ -68,12 +69,16 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def _scalar_value(expr: Any) -> float | None:
-    """The value of a one-element constant (any shape of ones), else None."""
-    if isinstance(expr, relay.Constant) and int(np.prod(expr.data.shape)) == 1:
-        value = expr.data.numpy().reshape(())
-        if value.dtype.kind in "fiub":
-            return float(value)
-    return None
+    """The value of a one-element constant (any shape of ones), else None. (Read through DLPack
+    and sized with ``math.prod``: ``NDArray.numpy()`` and ``np.prod`` cost 12 us and 3 us, on
+    every constant operand of every add and multiply the screens look at.)"""
+    if not isinstance(expr, relay.Constant):
+        return None
+    data = expr.data
+    if math.prod(data.shape) != 1:
+        return None
+    value = array_view(data).reshape(())
+    return float(value) if value.dtype.kind in "fiub" else None
 
 
 @dataclass(frozen=True)

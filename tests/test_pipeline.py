@@ -150,6 +150,21 @@ def test_screens_fire_on_every_rewrite_they_stand_for() -> None:
     } <= fired
 
 
+@pytest.mark.parametrize(
+    "dtype", ["float32", "float16", "float64", "int32", "int8", "uint8", "bool"]
+)
+def test_a_scalar_operand_is_read_as_numpy_reads_it(dtype: str) -> None:
+    """The identity screen's reading of a one-element constant (through DLPack) gives what
+    ``NDArray.numpy()`` gives, for every shape of ones; anything larger is no scalar."""
+    for shape in [(), (1,), (1, 1, 1)]:
+        for value in (0, 1, 3):
+            const = relay.const(np.full(shape, value).astype(dtype))
+            assert simplify._scalar_value(const) == float(const.data.numpy().reshape(()))
+    assert simplify._scalar_value(relay.const(np.ones((2, 1), dtype))) is None
+    assert simplify._scalar_value(relay.const(np.ones((0,), dtype))) is None
+    assert simplify._scalar_value(relay.var("x", shape=(), dtype=dtype)) is None
+
+
 def test_cpu_feature_answers_are_remembered_per_target_and_restored() -> None:
     from tvm.target import _ffi_api as target_api
 
