@@ -177,7 +177,7 @@ def _answered(self: Any, name: str) -> Any:
     if name == "handle":
         raise AttributeError("handle is not set")
     try:
-        return _node_api.NodeGetAttr(self, name)
+        return _FIELD(self, name)
     except AttributeError:
         raise AttributeError(f"{type(self)} has no attribute {name}") from None
 
@@ -221,6 +221,11 @@ def op_name(op: tvm.ir.Op) -> str:
     return name
 
 
+def callee_name(op: Any) -> str:
+    """The name of what a call calls if it is an op; "" for a function or variable."""
+    return op_name(op) if isinstance(op, tvm.ir.Op) else ""
+
+
 class FunctionReads:
     """A function's nodes in post order, and each call's op and arguments, read once.
 
@@ -254,8 +259,7 @@ class FunctionReads:
         """The name of the op ``node`` calls; "" for anything but a call of an op."""
         if not isinstance(node, relay.Call):
             return ""
-        op = self._read(node)[1]
-        return op_name(op) if isinstance(op, tvm.ir.Op) else ""
+        return callee_name(self._read(node)[1])
 
     def children(self, node: Any) -> list[Any] | None:
         """:func:`children`, a call's read through this memo."""

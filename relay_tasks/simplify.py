@@ -23,7 +23,7 @@ from tvm import relay
 from tvm.relay.dataflow_pattern import DFPatternCallback, is_constant, is_op, rewrite, wildcard
 
 from .fold import array_view, fill_within, folded_call
-from .ir import FunctionReads, op_name, reads_of, stand_in, with_functions
+from .ir import FunctionReads, call_parts, callee_name, reads_of, stand_in, with_functions
 from .region import run_on_region
 
 Check = Callable[[relay.Call], bool]
@@ -52,16 +52,13 @@ def _op_name(expr: Any) -> str:
     reads = _READS.get()
     if reads is not None:
         return reads.op_name(expr)
-    if not isinstance(expr, relay.Call):
-        return ""
-    op = expr.op
-    return op_name(op) if isinstance(op, tvm.ir.Op) else ""
+    return callee_name(expr.op) if isinstance(expr, relay.Call) else ""
 
 
 def _args(call: relay.Call) -> list[Any]:
     """A call's arguments, read once per walk."""
     reads = _READS.get()
-    return reads.args(call) if reads is not None else list(call.args)
+    return reads.args(call) if reads is not None else call_parts(call)[1]
 
 
 def _same(a: Any, b: Any) -> bool:
