@@ -653,20 +653,87 @@ def test_tvm_fold_is_skipped_only_where_it_would_just_infer_types(
     model: str, target: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Where the numpy folder leaves nothing TVM's FoldConstant rewrites, the pass is skipped
-    and the module only typed; on every module where that happens, TVM's pass gives the same."""
-    skipped: list[tvm.IRModule] = []
+    and the module only typed; on every module where that happens, TVM's pass gives the same,
+    and every node has the type that inference over the whole module gives it (also where only
+    the new constants were typed)."""
+    skipped: list[tuple[tvm.IRModule, tvm.IRModule]] = []
 
-    def spy(mod: tvm.IRModule, changed: bool) -> tvm.IRModule:
-        skipped.append(mod)
-        return real(mod, changed)
+    def spy(mod: tvm.IRModule, made: Any) -> tvm.IRModule:
+        result = real(mod, made)
+        skipped.append((mod, result))
+        return result
 
     real = fold.only_typed
     monkeypatch.setattr(fold, "only_typed", spy)
     _builds_by_pass(model, target)
     assert skipped
-    for mod in skipped:
-        folded = relay.transform.FoldConstant()(mod)
-        assert tvm.ir.structural_equal(folded, relay.transform.InferType()(mod))
+    for mod, result in skipped:
+        typed = relay.transform.InferType()(mod)
+        assert tvm.ir.structural_equal(relay.transform.FoldConstant()(mod), typed)
+        _assert_same_types(result, typed)
+
+
+def _assert_same_types(ours: tvm.IRModule, typed: tvm.IRModule) -> None:
+    """``ours`` is ``typed`` node for node, each node of the same type, type arguments too."""
+    assert tvm.ir.structural_equal(ours, typed)
+    for gvar, func in typed.functions.items():
+        pairs = zip(_typed_nodes(ours[gvar.name_hint]), _typed_nodes(func), strict=True)
+        for a, b in pairs:
+            assert tvm.ir.structural_equal(a.checked_type, b.checked_type), (a, b.checked_type)
+
+
+def _typed_nodes(func: relay.Function) -> list[Any]:
+    nodes: list[Any] = []
+    relay.analysis.post_order_visit(func, nodes.append)
+    return [n for n in nodes if not isinstance(n, tvm.ir.Op)]
+
+
+@pass_instrument
+class _InferTypeRuns:
+    """Counts type inference over the model's module (``main`` has parameters), not over the
+    one-constant modules that type a single constant."""
+
+    def __init__(self) -> None:
+        self.runs = 0
+
+    def run_before_pass(self, mod, info) -> None:
+        self.runs += str(info.name) == "InferType" and len(mod["main"].params) > 0
+
+
+def _fold_counting_inference(mod: tvm.IRModule) -> tuple[tvm.IRModule, int]:
+    counter = _InferTypeRuns()
+    with tvm.transform.PassContext(3, instruments=[counter]):
+        folded = fold.FoldConstant()(mod)
+    return folded, counter.runs
+
+
+@pytest.mark.parametrize("dims", ["int32", "int64"])
+def test_new_constants_are_typed_in_place_where_they_keep_the_replaced_types(dims: str) -> None:
+    """A fold whose constants have exactly the types of the calls they replace types them alone
+    (inference over the whole module would give every other node the type it has); one whose
+    call was typed with 64-bit dimensions (a constant's are 32-bit) types the module again.
+    Either way each node has the type that inference over the whole module gives it."""
+    rng = np.random.default_rng(9)
+    x = relay.var("x", shape=(4, 3))
+    w = _const(rng.standard_normal((3, 4)).astype("float32"))
+    scale = _const(rng.standard_normal((4,)).astype("float32"))
+    shape = [tvm.tir.IntImm(dims, 4), tvm.tir.IntImm(dims, 3)]
+    weight = relay.broadcast_to(relay.transpose(w), shape) * relay.expand_dims(scale, 1)
+    func = relay.Function([x], relay.nn.relu(relay.add(x, weight)))
+    mod = relay.transform.InferType()(tvm.IRModule.from_expr(func))
+    folded, runs = _fold_counting_inference(mod)
+    assert isinstance(folded["main"].body.args[0].args[1], relay.Constant)
+    assert runs == (dims == "int64")
+    _assert_same_types(folded, relay.transform.InferType()(relay.transform.FoldConstant()(mod)))
+
+
+def test_an_untyped_module_is_typed_after_the_fold() -> None:
+    x = relay.var("x", shape=(2,))
+    c = _const(np.array([1.5, -2.0], "float32"))
+    mod = tvm.IRModule.from_expr(relay.Function([x], x + relay.negative(c)))
+    folded, runs = _fold_counting_inference(mod)
+    assert runs == 1
+    _assert_same_types(folded, relay.transform.InferType()(relay.transform.FoldConstant()(mod)))
 
 
 def _let_constant() -> relay.Function:
