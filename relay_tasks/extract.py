@@ -134,7 +134,7 @@ def run_extraction(
     tasks' ``calls``; None for a tuner that only walks ``main``).
     """
     with extraction_scope(request.target, request.settings), environment():
-        fused = optimize(request.mod, request.params)
+        fused = optimize(request.mod, request.params, typed=False)
         groups = group_primitive_functions(fused, call_order)
         tasks = _lower_groups(groups, request.target, lowering_scope, call_order is not None)
     in_main = [task for task in tasks if task.visits]
@@ -244,12 +244,13 @@ def _lower_groups(
     nothing.
     """
     constant_names = NameSupply("")
-    lowered: dict[int, tuple[LoweredTE, tuple[Any, ...]]] = {}
+    lowered: dict[int, tuple[relay.Function, LoweredTE, tuple[Any, ...]]] = {}
 
     def lower(group: _Group) -> None:
+        func = typed_function(group.func)
         with scope() as record:
-            result = _lower_one(group.func, target, constant_names)
-        lowered[id(group)] = (result, tuple(record))
+            result = _lower_one(func, target, constant_names)
+        lowered[id(group)] = (func, result, tuple(record))
 
     if compiled:
         order = {c: g for g in groups for c in g.calls}
@@ -264,23 +265,34 @@ def _lower_groups(
             if done is None:
                 lower(group)
                 continue
-            for base in done[0].constant_bases:
+            for base in done[1].constant_bases:
                 constant_names.fresh_name(base)
     for group in groups:  # functions the walk above did not reach
         if id(group) not in lowered:
             lower(group)
     return [
         make_task(
-            g.func,
-            target,
             lowered[id(g)][0],
+            target,
+            lowered[id(g)][1],
             weight=len(g.visits) or len(g.calls),
             visits=tuple(g.visits),
             calls=tuple(g.calls),
-            traced=lowered[id(g)][1],
+            traced=lowered[id(g)][2],
         )
         for g in groups
     ]
+
+
+def typed_function(func: relay.Function) -> relay.Function:
+    """A primitive function with every node typed, as type inference over its module types it
+    (its parameters carry their types, so it is typed alone): the fused module itself is left
+    untyped (see :func:`~relay_tasks.pipeline.FuseOps`), and lowering reads the types."""
+    try:
+        func.body.checked_type  # noqa: B018 (raises when the function was never typed)
+    except ValueError:
+        return relay.transform.InferType()(IRModule.from_expr(func))["main"]
+    return func
 
 
 def _lower_one(func: relay.Function, target: Target, constant_names: NameSupply) -> LoweredTE:

@@ -194,3 +194,23 @@ def counting_llvm_builds(label=lambda: "") -> Iterator[list[str]]:
         yield builds
     finally:
         tvm.register_func("target.build.llvm", original, override=True)
+
+
+def assert_typed_alike(ours: object, typed: object) -> None:
+    """``ours`` is ``typed`` (two functions, or two modules) node for node, and each node has the
+    type ``typed``'s has: ``structural_equal`` compares no types."""
+    assert tvm.ir.structural_equal(ours, typed)
+    if isinstance(typed, tvm.IRModule):
+        assert isinstance(ours, tvm.IRModule)
+        for gvar, func in typed.functions.items():
+            assert_typed_alike(ours[gvar.name_hint], func)
+        return
+    pairs = zip(_typed_nodes(ours), _typed_nodes(typed), strict=True)
+    for a, b in pairs:
+        assert tvm.ir.structural_equal(a.checked_type, b.checked_type), (a, b.checked_type)
+
+
+def _typed_nodes(func: object) -> list:
+    nodes: list = []
+    relay.analysis.post_order_visit(func, nodes.append)
+    return [n for n in nodes if not isinstance(n, tvm.ir.Op)]

@@ -30,6 +30,7 @@ from checks import (
     assert_ansor_matches,
     assert_meta_schedule_matches,
     assert_same_extracted_tasks,
+    assert_typed_alike,
 )
 from cuda_schedules import cuda_injective_schedules
 from small_graphs import partitioned_for_ccompiler
@@ -148,6 +149,28 @@ def _fused_main(model: str, target: str) -> relay.Function:
     mod, params = load(model)
     with extraction_scope(tvm.target.Target(target), PassSettings()):
         return optimize(mod, params)["main"]
+
+
+@pytest.mark.parametrize(("model", "target"), model_target_rows())
+def test_each_tasks_function_is_typed_as_the_typed_fused_module_types_it(
+    model: str, target: str
+) -> None:
+    """Extraction leaves the fused module untyped and types each task's function alone: every
+    node of it has the type that inference over the whole fused module gives it."""
+    from relay_tasks.pipeline import PassSettings, extraction_scope, optimize
+
+    mod, params = load(model)
+    tasks = extract_tasks(mod, target, params)
+    with extraction_scope(tvm.target.Target(target), PassSettings()):
+        typed = optimize(load(model)[0], params)
+    fused: list[relay.Function] = []
+    for func in typed.functions.values():
+        relay.analysis.post_order_visit(
+            func, lambda n: fused.append(n) if isinstance(n, relay.Function) else None
+        )
+    for task in tasks:
+        twin = next(f for f in fused if tvm.ir.structural_equal(f, task.func))
+        assert_typed_alike(task.func, twin)
 
 
 def test_tasks_carry_te_compute_only() -> None:

@@ -26,7 +26,7 @@ from relay_tasks.fold import EVALUATORS, evaluate_call, layout_transform, prefol
 from relay_tasks.inputs import as_module
 from relay_tasks.pipeline import PassSettings, extraction_scope, optimize
 
-from checks import assert_meta_schedule_matches, counting_llvm_builds
+from checks import assert_meta_schedule_matches, assert_typed_alike, counting_llvm_builds
 from zoo import CUDA, X86, load, model_target_rows
 
 EXAMPLES = int(os.environ.get("RELAY_TASKS_FOLD_EXAMPLES", "20"))
@@ -670,22 +670,7 @@ def test_tvm_fold_is_skipped_only_where_it_would_just_infer_types(
     for mod, result in skipped:
         typed = relay.transform.InferType()(mod)
         assert tvm.ir.structural_equal(relay.transform.FoldConstant()(mod), typed)
-        _assert_same_types(result, typed)
-
-
-def _assert_same_types(ours: tvm.IRModule, typed: tvm.IRModule) -> None:
-    """``ours`` is ``typed`` node for node, each node of the same type, type arguments too."""
-    assert tvm.ir.structural_equal(ours, typed)
-    for gvar, func in typed.functions.items():
-        pairs = zip(_typed_nodes(ours[gvar.name_hint]), _typed_nodes(func), strict=True)
-        for a, b in pairs:
-            assert tvm.ir.structural_equal(a.checked_type, b.checked_type), (a, b.checked_type)
-
-
-def _typed_nodes(func: relay.Function) -> list[Any]:
-    nodes: list[Any] = []
-    relay.analysis.post_order_visit(func, nodes.append)
-    return [n for n in nodes if not isinstance(n, tvm.ir.Op)]
+        assert_typed_alike(result, typed)
 
 
 @pass_instrument
@@ -724,7 +709,7 @@ def test_new_constants_are_typed_in_place_where_they_keep_the_replaced_types(dim
     folded, runs = _fold_counting_inference(mod)
     assert isinstance(folded["main"].body.args[0].args[1], relay.Constant)
     assert runs == (dims == "int64")
-    _assert_same_types(folded, relay.transform.InferType()(relay.transform.FoldConstant()(mod)))
+    assert_typed_alike(folded, relay.transform.InferType()(relay.transform.FoldConstant()(mod)))
 
 
 def test_an_untyped_module_is_typed_after_the_fold() -> None:
@@ -733,7 +718,7 @@ def test_an_untyped_module_is_typed_after_the_fold() -> None:
     mod = tvm.IRModule.from_expr(relay.Function([x], x + relay.negative(c)))
     folded, runs = _fold_counting_inference(mod)
     assert runs == 1
-    _assert_same_types(folded, relay.transform.InferType()(relay.transform.FoldConstant()(mod)))
+    assert_typed_alike(folded, relay.transform.InferType()(relay.transform.FoldConstant()(mod)))
 
 
 def _let_constant() -> relay.Function:

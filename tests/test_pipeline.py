@@ -23,6 +23,7 @@ from relay_tasks.pipeline import (
     run_passes,
 )
 
+from checks import assert_typed_alike
 from pass_prefix import modules_before_each_pass
 from zoo import X86, load, model_target_rows
 
@@ -486,6 +487,31 @@ def test_a_dataflow_model_is_typed_once_with_its_params_bound(model: str, monkey
         optimize(given, params)
     assert len(checked) == 1 and len(checked[0]["main"].params) < len(given["main"].params)
     assert required == []
+
+
+def test_fusion_leaves_the_module_untyped_unless_instruments_watch_or_types_are_required() -> None:
+    """Our FuseOps fuses as TVM's does but declines the type inference over the whole module
+    that TVM's ends with; under a context with an instrument of its own, or one that requires
+    InferType, the module is typed as TVM types it."""
+    from relay_tasks.pipeline import FuseOps
+
+    mod, params = load("conv_bias_bn_relu")
+    with extraction_scope(tvm.target.Target(X86), PassSettings()):
+        prefixed = run_passes(pass_prefix(), bind_params(as_module(mod), params))
+        theirs = relay.transform.FuseOps()(prefixed)
+        ours = FuseOps()(prefixed)
+        untyped = optimize(as_module(mod), params, typed=False)
+    assert tvm.ir.structural_equal(ours, theirs)
+    for module in (ours, untyped):  # (the untyped optimize holds deferred constants: no equality)
+        with pytest.raises(ValueError):
+            module["main"].body.checked_type  # noqa: B018
+    for context in (
+        tvm.transform.PassContext(3, instruments=[_PassLog()]),
+        tvm.transform.PassContext(3, required_pass=["InferType"]),
+    ):
+        with tvm.target.Target(X86), context:
+            watched = FuseOps()(prefixed)
+        assert_typed_alike(watched, theirs)
 
 
 def test_a_deferred_constant_inside_a_fused_function_stops_the_extraction(monkeypatch) -> None:
