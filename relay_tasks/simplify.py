@@ -23,7 +23,16 @@ from tvm import relay
 from tvm.relay.dataflow_pattern import DFPatternCallback, is_constant, is_op, rewrite, wildcard
 
 from .fold import array_view, fill_within, folded_call
-from .ir import FunctionReads, call_parts, callee_name, reads_of, stand_in, with_functions
+from .ir import (
+    FunctionReads,
+    call_parts,
+    callee_name,
+    node_key,
+    reads_of,
+    rebuild,
+    stand_in,
+    with_functions,
+)
 from .region import run_on_region
 
 Check = Callable[[relay.Call], bool]
@@ -265,6 +274,16 @@ def flagged_calls(func: relay.Function, screens: Iterable[Screen]) -> list[relay
     fields goes through TVM's FFI, and most calls of a model (convolutions, matmuls) concern no
     screen at all.
     """
+    reads = reads_of(func)
+    token = _READS.set(reads)
+    try:
+        return flagged_calls_among(reads.nodes, screens)
+    finally:
+        _READS.reset(token)
+
+
+def flagged_calls_among(nodes: Iterable[Any], screens: Iterable[Screen]) -> list[relay.Call]:
+    """The calls among ``nodes`` where some screened rewrite could fire."""
     by_root: dict[str, list[Screen]] = {}
     anywhere: list[Screen] = []
     for screen in screens:
@@ -273,15 +292,10 @@ def flagged_calls(func: relay.Function, screens: Iterable[Screen]) -> list[relay
         if screen.roots is None:
             anywhere.append(screen)
     calls: list[relay.Call] = []
-    reads = reads_of(func)
-    token = _READS.set(reads)
-    try:
-        for node in reads.nodes:
-            name = reads.op_name(node)
-            if name and any(screen(node) for screen in by_root.get(name, []) + anywhere):
-                calls.append(node)
-    finally:
-        _READS.reset(token)
+    for node in nodes:
+        name = _op_name(node)
+        if name and any(screen(node) for screen in by_root.get(name, []) + anywhere):
+            calls.append(node)
     return calls
 
 
@@ -309,6 +323,7 @@ def simplify_locally(
         if flagged is None:
             flagged = _flagged_by_function(mod, screens)
         updates = {}
+        settled = True
         for gvar, calls in flagged.items():
             if calls is None:
                 return None
@@ -316,16 +331,76 @@ def simplify_locally(
                 own = _own_rewrites(calls, screens)
                 if own:
                     new = _rewritten(mod[gvar], own)
+                    replaced = [pair for callback in own for pair in callback.replaced]
+                    settled = settled and not _flags_near(mod[gvar], replaced, calls, screens)
                 else:
                     new = run_on_region(mod[gvar], calls, _filled(real()))
+                    settled = False
                 if new is None:
                     return None
                 updates[gvar] = new
         if not updates:
             return mod
         mod = relay.transform.InferType()(with_functions(mod, updates))
+        if settled:
+            return mod
         flagged = None
     return None
+
+
+#: How far above a rewritten call a screen's answer can change: a screen reads a call, its
+#: arguments and their arguments; one more for a tuple in between.
+_SCREEN_DEPTH = 3
+
+
+def _flags_near(
+    func: relay.Function,
+    replaced: list[tuple[relay.Expr, relay.Expr]],
+    flagged: list[relay.Call],
+    screens: tuple[Screen, ...],
+) -> bool:
+    """Whether a screen could flag a call of ``func`` after our rewrites replaced each old node of
+    ``replaced`` by its new one: True when it cannot tell.
+
+    Saves screening the whole re-typed function again (15-20 ms on a transformer): a screen's
+    answer at a call depends only on the calls up to :data:`_SCREEN_DEPTH` below it and their
+    types, and the rewrites keep every type. So only the replacements, the calls that were
+    flagged (a screen over-includes), and the old calls above a replaced node up to that depth
+    can answer otherwise; each is screened as it is after the rewrites (the old node rebuilt
+    over the new arguments, keeping its type; a replacement typed alone). The rewriter may fire
+    again on what it made (a chain of reshapes): a replacement of a node ``func`` does not hold
+    answers True.
+    """
+    reads = reads_of(func)
+    keys = {node_key(node) for node in reads.nodes}
+    if any(node_key(old) not in keys for old, _ in replaced):
+        return True
+    users: dict[int, list[Any]] = {}
+    for node in reads.nodes:
+        for child in reads.children(node) or ():
+            users.setdefault(node_key(child), []).append(node)
+    new: dict[int, Any] = {node_key(old): node for old, node in replaced}
+    near: set[int] = {node_key(call) for call in flagged}
+    frontier = set(new)
+    for _ in range(_SCREEN_DEPTH):
+        frontier = {node_key(user) for key in frontier for user in users.get(key, ())}
+        near |= frontier
+    try:
+        for node in new.values():
+            relay.transform.InferTypeLocal(node)
+    except tvm.TVMError:
+        return True
+    for node in reads.nodes:
+        key = node_key(node)
+        if key in near and key not in new:
+            rebuilt = rebuild(node, lambda child: new.get(node_key(child), child))
+            if rebuilt is None:
+                return True
+            new[key] = rebuilt
+    return any(
+        isinstance(node, relay.Call) and bool(flagged_calls_among([node], screens))
+        for node in new.values()
+    )
 
 
 def _filled(real: tvm.transform.Pass) -> Callable[[tvm.IRModule], tvm.IRModule]:
@@ -354,6 +429,7 @@ class _ReshapePair(DFPatternCallback):  # type: ignore[misc]
 
     def __init__(self) -> None:
         super().__init__(require_type=False)
+        self.replaced: list[tuple[relay.Expr, relay.Expr]] = []
         self.x = wildcard()
         # Two patterns, not one used twice: the matcher binds a pattern node to one op.
         outer, inner = (is_op("reshape") | is_op("contrib_reverse_reshape") for _ in range(2))
@@ -367,7 +443,9 @@ class _ReshapePair(DFPatternCallback):  # type: ignore[misc]
         if not all(isinstance(d, tvm.tir.IntImm) for d in dims):
             return post
         attrs = tvm.ir.make_node("relay.attrs.ReshapeAttrs", newshape=dims, allowzero=False)
-        return relay.Call(tvm.ir.Op.get("reshape"), [node_map[self.x][0]], attrs)
+        return _replacing(
+            self, pre, relay.Call(tvm.ir.Op.get("reshape"), [node_map[self.x][0]], attrs)
+        )
 
 
 class _AdjacentConstants(DFPatternCallback):  # type: ignore[misc]
@@ -379,6 +457,7 @@ class _AdjacentConstants(DFPatternCallback):  # type: ignore[misc]
 
     def __init__(self) -> None:
         super().__init__(require_type=False)
+        self.replaced: list[tuple[relay.Expr, relay.Expr]] = []
         self.x, self.c1, self.c2 = wildcard(), is_constant(), is_constant()
         self.pattern = (self.x * self.c1 * self.c2) | (self.x + self.c1 + self.c2)
 
@@ -387,7 +466,13 @@ class _AdjacentConstants(DFPatternCallback):  # type: ignore[misc]
         if isinstance(x, relay.Constant):
             return post
         constants = relay.Call(pre.op, [node_map[self.c1][0], node_map[self.c2][0]])
-        return relay.Call(pre.op, [x, folded_call(constants)])
+        return _replacing(self, pre, relay.Call(pre.op, [x, folded_call(constants)]))
+
+
+def _replacing(callback: Any, old: relay.Expr, new: relay.Expr) -> relay.Expr:
+    """``new``, noted as the replacement of ``old`` (see :func:`_flags_near`)."""
+    callback.replaced.append((old, new))
+    return new
 
 
 #: The rewrites done here rather than by TVM's pass, by the name of the screen for each: where

@@ -197,6 +197,45 @@ def test_reshape_chains_settle_locally() -> None:
     assert _local_equals_whole(_typed(relay.tanh(chain)), "SimplifyExpr")
 
 
+def _screenings(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the screenings of whole functions by the local loop."""
+    count: list[int] = []
+    real = simplify._flagged_by_function
+    monkeypatch.setattr(simplify, "_flagged_by_function", lambda *a: count.append(1) or real(*a))
+    return count
+
+
+def test_after_our_rewrites_only_what_is_near_them_is_screened_again(monkeypatch) -> None:
+    """Two reshape pairs and an adjacent-constant chain apart from each other: after our
+    rewrites, nothing near what they replaced is flagged, so the re-typed function is not
+    screened again; the result is the whole pass's."""
+    x = relay.var("x", shape=(2, 3, 4))
+    pair = relay.reshape(relay.reshape(relay.tanh(x), (6, 4)), (24,))
+    other = relay.reshape(relay.reshape(relay.exp(x), (4, 6)), (2, 12))
+    scaled = relay.negative(x) * relay.const(np.float32(2.0)) * relay.const(np.float32(3.0))
+    mod = _typed(relay.Tuple([relay.tanh(pair), relay.sigmoid(other), relay.exp(scaled)]))
+    screenings = _screenings(monkeypatch)
+    assert _local_equals_whole(mod, "SimplifyExpr")
+    assert len(screenings) == 1
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        # The product of the constants is 1: the multiply it leaves is an identity.
+        lambda x: x * relay.const(np.float32(2.0)) * relay.const(np.float32(0.5)),
+        # The merged reshape is the inner one of another pair.
+        lambda x: relay.reshape(relay.reshape(relay.reshape(x, (6, 4)), (24,)), (4, 6)),
+    ],
+    ids=["identity-left", "chain"],
+)
+def test_a_rewrite_that_leaves_a_flag_near_it_is_screened_again(build, monkeypatch) -> None:
+    mod = _typed(relay.tanh(build(relay.var("x", shape=(2, 3, 4)))))
+    screenings = _screenings(monkeypatch)
+    assert _local_equals_whole(mod, "SimplifyExpr")
+    assert len(screenings) >= 2
+
+
 def test_reshape_pairs_with_run_time_dimensions_stay() -> None:
     """A pair whose result has a run-time dimension is left as it is, by TVM and here."""
     x = relay.var("x", shape=(relay.Any(), 4))
