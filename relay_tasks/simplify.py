@@ -362,14 +362,14 @@ def _flags_near(
     """Whether a screen could flag a call of ``func`` after our rewrites replaced each old node of
     ``replaced`` by its new one: True when it cannot tell.
 
-    Saves screening the whole re-typed function again (15-20 ms on a transformer): a screen's
-    answer at a call depends only on the calls up to :data:`_SCREEN_DEPTH` below it and their
-    types, and the rewrites keep every type. So only the replacements, the calls that were
-    flagged (a screen over-includes), and the old calls above a replaced node up to that depth
-    can answer otherwise; each is screened as it is after the rewrites (the old node rebuilt
-    over the new arguments, keeping its type; a replacement typed alone). The rewriter may fire
-    again on what it made (a chain of reshapes): a replacement of a node ``func`` does not hold
-    answers True.
+    Saves screening the whole re-typed function again (13 ms of the ONNX BERT's 0.18 s): a
+    screen's answer at a call depends only on the nodes up to :data:`_SCREEN_DEPTH` below it
+    and their types, and the rewrites keep every type. So only the replacements, the calls that
+    were flagged (a screen over-includes), and the old nodes above a replaced one up to that
+    depth can answer otherwise; each is screened as it is after the rewrites (an old node
+    rebuilt over the new arguments, keeping its type; a replacement typed alone). The matcher
+    may rewrite what it made (a chain of reshapes): a replacement of a node that ``func`` does
+    not hold makes the answer True.
     """
     reads = reads_of(func)
     keys = {node_key(node) for node in reads.nodes}
@@ -397,10 +397,7 @@ def _flags_near(
             if rebuilt is None:
                 return True
             new[key] = rebuilt
-    return any(
-        isinstance(node, relay.Call) and bool(flagged_calls_among([node], screens))
-        for node in new.values()
-    )
+    return bool(flagged_calls_among(new.values(), screens))
 
 
 def _filled(real: tvm.transform.Pass) -> Callable[[tvm.IRModule], tvm.IRModule]:
