@@ -23,7 +23,7 @@ from relay_tasks import simplify
 from relay_tasks.region import run_on_region
 
 import frontend_models
-from checks import counting_llvm_builds
+from checks import assert_typed_alike, counting_llvm_builds
 from pass_prefix import modules_before_each_pass
 from zoo import X86
 
@@ -129,6 +129,7 @@ def _local_equals_whole(mod: tvm.IRModule, name: str) -> bool:
     if local is None:
         return False
     assert tvm.ir.structural_equal(local, whole), f"{name}\n{mod}\nlocal:\n{local}\nwhole:\n{whole}"
+    assert_typed_alike(local, whole)  # where re-typing was skipped too
     # Structural equality sees a value computed twice as equal to one computed once and shared;
     # the number of distinct nodes does not (duplicated work would become duplicated kernels).
     assert _distinct_nodes(local) == _distinct_nodes(whole)
@@ -197,26 +198,30 @@ def test_reshape_chains_settle_locally() -> None:
     assert _local_equals_whole(_typed(relay.tanh(chain)), "SimplifyExpr")
 
 
-def _screenings(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Counts the screenings of whole functions by the local loop."""
-    count: list[int] = []
+def _screenings(monkeypatch: pytest.MonkeyPatch) -> tuple[list[int], list[int]]:
+    """Counts the screenings of whole functions by the local loop, and its type inferences."""
+    screened: list[int] = []
     real = simplify._flagged_by_function
-    monkeypatch.setattr(simplify, "_flagged_by_function", lambda *a: count.append(1) or real(*a))
-    return count
+    monkeypatch.setattr(simplify, "_flagged_by_function", lambda *a: screened.append(1) or real(*a))
+    inferred: list[int] = []
+    infer = relay.transform.InferType
+    monkeypatch.setattr(relay.transform, "InferType", lambda: inferred.append(1) or infer())
+    return screened, inferred
 
 
 def test_after_our_rewrites_only_what_is_near_them_is_screened_again(monkeypatch) -> None:
     """Two reshape pairs and an adjacent-constant chain apart from each other: after our
-    rewrites, nothing near what they replaced is flagged, so the re-typed function is not
-    screened again; the result is the whole pass's."""
+    rewrites, nothing near what they replaced is flagged, so the function is not screened
+    again, and as each replacement keeps the type of what it replaced, it is not re-typed
+    either (each node has the type the whole pass gives it); the result is the whole pass's."""
     x = relay.var("x", shape=(2, 3, 4))
     pair = relay.reshape(relay.reshape(relay.tanh(x), (6, 4)), (24,))
     other = relay.reshape(relay.reshape(relay.exp(x), (4, 6)), (2, 12))
     scaled = relay.negative(x) * relay.const(np.float32(2.0)) * relay.const(np.float32(3.0))
     mod = _typed(relay.Tuple([relay.tanh(pair), relay.sigmoid(other), relay.exp(scaled)]))
-    screenings = _screenings(monkeypatch)
+    screenings, inferences = _screenings(monkeypatch)
     assert _local_equals_whole(mod, "SimplifyExpr")
-    assert len(screenings) == 1
+    assert len(screenings) == 1 and inferences == []
 
 
 @pytest.mark.parametrize(
@@ -231,9 +236,9 @@ def test_after_our_rewrites_only_what_is_near_them_is_screened_again(monkeypatch
 )
 def test_a_rewrite_that_leaves_a_flag_near_it_is_screened_again(build, monkeypatch) -> None:
     mod = _typed(relay.tanh(build(relay.var("x", shape=(2, 3, 4)))))
-    screenings = _screenings(monkeypatch)
+    screenings, inferences = _screenings(monkeypatch)
     assert _local_equals_whole(mod, "SimplifyExpr")
-    assert len(screenings) >= 2
+    assert len(screenings) >= 2 and inferences
 
 
 def test_reshape_pairs_with_run_time_dimensions_stay() -> None:
