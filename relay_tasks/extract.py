@@ -244,13 +244,13 @@ def _lower_groups(
     nothing.
     """
     constant_names = NameSupply("")
-    lowered: dict[int, tuple[relay.Function, LoweredTE, tuple[Any, ...]]] = {}
+    lowered: dict[int, tuple[LoweredTE, tuple[Any, ...]]] = {}
 
     def lower(group: _Group) -> None:
-        func = typed_function(group.func)
+        group.func = typed_function(group.func)
         with scope() as record:
-            result = _lower_one(func, target, constant_names)
-        lowered[id(group)] = (func, result, tuple(record))
+            result = _lower_one(group.func, target, constant_names)
+        lowered[id(group)] = (result, tuple(record))
 
     if compiled:
         order = {c: g for g in groups for c in g.calls}
@@ -265,20 +265,20 @@ def _lower_groups(
             if done is None:
                 lower(group)
                 continue
-            for base in done[1].constant_bases:
+            for base in done[0].constant_bases:
                 constant_names.fresh_name(base)
     for group in groups:  # functions the walk above did not reach
         if id(group) not in lowered:
             lower(group)
     return [
         make_task(
-            lowered[id(g)][0],
+            g.func,
             target,
-            lowered[id(g)][1],
+            lowered[id(g)][0],
             weight=len(g.visits) or len(g.calls),
             visits=tuple(g.visits),
             calls=tuple(g.calls),
-            traced=lowered[id(g)][2],
+            traced=lowered[id(g)][1],
         )
         for g in groups
     ]

@@ -925,8 +925,9 @@ def only_typed(mod: tvm.IRModule, made: Sequence[tuple[relay.Constant, Any]]) ->
 
 
 def _typed(mod: tvm.IRModule) -> bool:
-    """Whether type inference has run on every Relay function of ``mod`` (nodes are immutable,
-    so a typed function stays typed)."""
+    """Whether every Relay function of ``mod`` is typed: type inference ran on it, or it was
+    rebuilt from one it ran on (``WithFields`` keeps each node's type) with every node it added
+    typed in place (nodes are immutable, so a typed function stays typed)."""
     for func in mod.functions.values():
         if isinstance(func, relay.Function):
             try:

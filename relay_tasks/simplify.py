@@ -331,14 +331,20 @@ def simplify_locally(
                 own = _own_rewrites(calls, screens)
                 if own:
                     new = _rewritten(mod[gvar], own)
+                    if new is None:
+                        return None
                     replaced = [pair for callback in own for pair in callback.replaced]
-                    settled = settled and not _flags_near(mod[gvar], replaced, calls, screens)
+                    settled = (
+                        settled
+                        and _typed_alone(replaced)
+                        and not _flags_near(mod[gvar], replaced, calls, screens)
+                    )
                     typed = typed and settled and _kept_types(replaced)
                 else:
                     new = run_on_region(mod[gvar], calls, _filled(real()))
+                    if new is None:
+                        return None
                     settled = False
-                if new is None:
-                    return None
                 updates[gvar] = new
         if not updates:
             return mod
@@ -363,7 +369,7 @@ def _flags_near(
     screens: tuple[Screen, ...],
 ) -> bool:
     """Whether a screen could flag a call of ``func`` after our rewrites replaced each old node of
-    ``replaced`` by its new one: True when it cannot tell.
+    ``replaced`` by its new one, typed (:func:`_typed_alone`): True when it cannot tell.
 
     Saves screening the whole re-typed function again (13 ms of the ONNX BERT's 0.18 s): a
     screen's answer at a call depends only on the nodes up to :data:`_SCREEN_DEPTH` below it
@@ -388,11 +394,6 @@ def _flags_near(
     for _ in range(_SCREEN_DEPTH):
         frontier = {node_key(user) for key in frontier for user in users.get(key, ())}
         near |= frontier
-    try:
-        for node in new.values():
-            relay.transform.InferTypeLocal(node)
-    except tvm.TVMError:
-        return True
     for node in reads.nodes:
         key = node_key(node)
         if key in near and key not in new:
@@ -492,9 +493,19 @@ def _argument_types(args: list[Any]) -> list[Any] | None:
     return types
 
 
+def _typed_alone(replaced: list[tuple[relay.Expr, relay.Expr]]) -> bool:
+    """Type each replacement in place from its arguments' types; False if one cannot be."""
+    try:
+        for _, new in replaced:
+            relay.transform.InferTypeLocal(new)
+    except tvm.TVMError:
+        return False
+    return True
+
+
 def _kept_types(replaced: list[tuple[relay.Expr, relay.Expr]]) -> bool:
-    """Whether each replacement, typed in place (:func:`_flags_near` types them), has the type of
-    the node it replaced and its arguments' types as type arguments: then type inference over
+    """Whether each replacement, typed (:func:`_typed_alone`), has the type of the node it
+    replaced and its arguments' types as type arguments: then type inference over
     the module would leave every node's type as it is (the matcher's rebuilt nodes keep theirs,
     and each relation sees the same argument types), and is skipped (10 ms of the ONNX BERT's
     simplification, 13 ms of GPT-2's)."""
