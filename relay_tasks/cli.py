@@ -20,7 +20,7 @@ from .adapters.meta_schedule import MODULE_EQUALITIES
 from .errors import (
     ModelError,
     RelayTasksError,
-    SkippedTaskWarning,
+    RelayTasksWarning,
     TuningInterrupted,
     UsageError,
 )
@@ -370,8 +370,9 @@ def format_table(tasks: list[TunerTask], flops: Sequence[float], *, several: boo
 
 
 def _one_line_warning(message: Warning | str, category: type[Warning], *_: Any, **__: Any) -> None:
-    """Our own warnings (functions left out) as one line each; others keep their category."""
-    prefix = "warning" if issubclass(category, SkippedTaskWarning) else category.__name__
+    """Our own warnings (functions left out, params not bound) as one line each; others keep
+    their category."""
+    prefix = "warning" if issubclass(category, RelayTasksWarning) else category.__name__
     print(f"relay-tasks: {prefix}: {message}", file=sys.stderr)
 
 

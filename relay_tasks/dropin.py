@@ -83,6 +83,27 @@ def _also_tvm_error(cls: type[RelayTasksError]) -> type[RelayTasksError]:
 _BOTH: dict[type[RelayTasksError], type[RelayTasksError]] = {}
 
 
+def _bound_by_name(mod: Any, params: Any) -> Any:
+    """The params upstream would bind: those naming a parameter of ``main``.
+
+    Upstream's ``bind_params_by_name`` skips the others without a word, and scripts rely on it
+    (MetaSchedule's ``get_network`` traces torchvision models in training mode, which leaves
+    BatchNorm counters among the params). The house API warns about such params, and refuses
+    params of which none match; the drop-in keeps upstream's outcome by handing on only the
+    matching ones. Anything it cannot read is handed on as is, for the house checks to name.
+    """
+    from tvm import relay
+    from tvm.ir import IRModule
+
+    main = mod
+    if isinstance(mod, IRModule):
+        main = mod["main"] if any(v.name_hint == "main" for v in mod.get_global_vars()) else None
+    if not isinstance(main, relay.Function) or not hasattr(params, "items"):
+        return params
+    names = {var.name_hint for var in main.params}
+    return {k: v for k, v in params.items() if not isinstance(k, str) or k in names}
+
+
 def _meta_schedule(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def extract_tasks(
@@ -107,7 +128,7 @@ def _meta_schedule(original: Callable[..., Any]) -> Callable[..., Any]:
         return _upstream_errors(meta_schedule.extract_task_from_relay)(
             mod,
             target,
-            params,
+            _bound_by_name(mod, params),
             opt_level=opt_level,
             pass_config=pass_config,
             disabled_pass=disabled_pass,
@@ -124,7 +145,7 @@ def _autotvm_single(original: Callable[..., Any]) -> Callable[..., Any]:
         mod: Any, params: Any, target: Any, target_host: Any = None, ops: Any = None
     ) -> Any:
         return _upstream_errors(autotvm.extract_tasks)(
-            mod, target, params, ops=ops, target_host=target_host
+            mod, target, _bound_by_name(mod, params), ops=ops, target_host=target_host
         )
 
     return extract_from_program
@@ -135,8 +156,13 @@ def _autotvm_multiple(original: Callable[..., Any]) -> Callable[..., Any]:
     def extract_from_multiple_program(
         mods: Any, params: Any, target: Any, target_host: Any = None, ops: Any = None
     ) -> Any:
+        pairs = list(zip(mods, params, strict=False))  # upstream zips, so the shorter list rules
         return _upstream_errors(autotvm.extract_tasks_from_models)(
-            list(mods), list(params), target, ops=ops, target_host=target_host
+            [m for m, _ in pairs],
+            [_bound_by_name(m, p) for m, p in pairs],
+            target,
+            ops=ops,
+            target_host=target_host,
         )
 
     return extract_from_multiple_program
@@ -163,7 +189,7 @@ def _ansor(original: Callable[..., Any]) -> Callable[..., Any]:
         return _upstream_errors(ansor.extract_tasks)(
             mod,
             target,
-            params,
+            _bound_by_name(mod, params),
             target_host=target_host,
             hardware_params=hardware_params,
             include_simple_tasks=include_simple_tasks,

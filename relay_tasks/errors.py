@@ -7,7 +7,10 @@ expected and how to fix it. The CLI maps each class to its own exit code.
 
 from __future__ import annotations
 
+import os
+import sys
 import traceback
+import warnings
 from pathlib import Path
 
 
@@ -54,15 +57,33 @@ class UsageError(RelayTasksError, ValueError):
 
 
 class TuningInterrupted(RelayTasksError):
-    """SIGINT or SIGTERM stopped a tune; what was measured is on disk and the tune resumes."""
+    """SIGINT, SIGTERM or SIGHUP stopped a tune; what was measured is on disk and it resumes."""
 
     def __init__(self, message: str, signum: int) -> None:
         super().__init__(message)
         self.exit_code = 128 + signum
 
 
-class SkippedTaskWarning(UserWarning):
+class RelayTasksWarning(UserWarning):
+    """Base class of the warnings relay-tasks gives on purpose (the CLI prints them in one line)."""
+
+
+class SkippedTaskWarning(RelayTasksWarning):
     """A primitive function was left out: its tuner cannot make a task of it (a dynamic shape)."""
+
+
+class UnusedParamsWarning(RelayTasksWarning):
+    """Some params name no parameter of ``main``: they were not bound (upstream ignores them)."""
+
+
+def warn(message: str, category: type[RelayTasksWarning]) -> None:
+    """Warn at the first frame outside relay-tasks: the warning points at the user's line,
+    whichever path inside the package led to it."""
+    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    frame, level = sys._getframe(1), 2
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(package):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level)
 
 
 def describe_failure(err: BaseException) -> str:

@@ -8,9 +8,6 @@ built.
 
 from __future__ import annotations
 
-import os
-import sys
-import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -22,7 +19,13 @@ from tvm.ir import IRModule
 from tvm.ir.supply import NameSupply
 from tvm.target import Target
 
-from .errors import ExtractionError, RelayTasksError, SkippedTaskWarning, describe_failure
+from .errors import (
+    ExtractionError,
+    RelayTasksError,
+    SkippedTaskWarning,
+    describe_failure,
+    warn,
+)
 from .inputs import ParamsLike, TargetLike
 from .ir import is_primitive_task, node_key
 from .lower import LoweredTE, flatten_tuple_type, lower_to_te
@@ -213,23 +216,12 @@ def warn_skipped_dynamic(task: Task, tuner: str) -> bool:
     shape = dynamic_shape(task.func)
     if shape is None:
         return False
-    warnings.warn(
+    warn(
         f"{display_name(task)} has the dynamic shape {shape}: {tuner} cannot tune it and it "
         "is left out, as upstream leaves it out; give the model static input shapes to tune it",
         SkippedTaskWarning,
-        stacklevel=_caller_level(),
     )
     return True
-
-
-def _caller_level() -> int:
-    """The ``stacklevel`` of the first frame outside relay-tasks, counted from the caller of
-    this function: a warning points at the user's line, whichever path led to it."""
-    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
-    frame, level = sys._getframe(1), 1
-    while frame.f_back is not None and frame.f_code.co_filename.startswith(package):
-        frame, level = frame.f_back, level + 1
-    return level
 
 
 def _lower_groups(

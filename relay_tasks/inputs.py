@@ -20,7 +20,7 @@ from tvm import relay
 from tvm.ir import IRModule
 from tvm.target import Target
 
-from .errors import ModelError, TargetError
+from .errors import ModelError, TargetError, UnusedParamsWarning, warn
 from .ir import diagnostic_text, diagnostics, with_functions
 
 ModuleLike = IRModule | relay.Function
@@ -98,7 +98,8 @@ def as_target(target: object) -> Target:
         known = ", ".join(sorted(Target.list_kinds()))
         raise TargetError(
             f"unknown or malformed target {target!r} (kind {kind!r}); "
-            f"use one of the target kinds {known}, e.g. 'llvm -mcpu=skylake' or 'cuda'"
+            f"use one of the target kinds {known}, e.g. "
+            "'llvm -mtriple=x86_64-linux-gnu -mcpu=skylake' or 'cuda'"
         ) from err
     _check_cpu(parsed)
     return parsed
@@ -154,11 +155,14 @@ def _check_param_type(var: Any, value: tvm.nd.NDArray) -> None:
 
 
 def as_params(params: object, mod: IRModule) -> dict[str, tvm.nd.NDArray]:
-    """Convert params to ``NDArray`` and check that each names a parameter of ``main``.
+    """Convert params to ``NDArray``, keeping those that name a parameter of ``main``.
 
-    Accepts a ``dict`` or the ``tvm.ir.Map`` that ``relay.load_param_dict`` returns.
-    Upstream silently ignores params that match no variable, so a typo leaves the weights unbound
-    and yields different tasks without a word; here it is an error.
+    Accepts a ``dict`` or the ``tvm.ir.Map`` that ``relay.load_param_dict`` returns. Upstream
+    binds the params whose names match and ignores the rest without a word. Frontends do return
+    extra params (a model traced in training mode keeps BatchNorm's ``num_batches_tracked``
+    updates, which ``main`` never reads), so those are left out with one warning; but params of
+    which none match are the weights of another model, and binding nothing would silently give
+    the tasks of an unweighted model: that is an error.
     """
     if params is None:
         return {}
@@ -184,13 +188,8 @@ def as_params(params: object, mod: IRModule) -> dict[str, tvm.nd.NDArray]:
         converted[name] = value
     unknown = sorted(set(converted) - set(var_names))
     if unknown:
-        shown = ", ".join(unknown[:5]) + (" ..." if len(unknown) > 5 else "")
-        free = ", ".join(var_names[:8]) + (" ..." if len(var_names) > 8 else "")
-        raise ModelError(
-            f"{len(unknown)} param(s) match no parameter of main: {shown}; "
-            f"main's parameters are: {free or '(none)'}; check the names, or drop params "
-            "that belong to another model"
-        )
+        _unmatched(unknown, var_names, none_match=len(unknown) == len(converted))
+        converted = {name: value for name, value in converted.items() if name in var_names}
     for var in main.params:
         if var.name_hint in converted:
             _check_param_type(var, converted[var.name_hint])
@@ -201,3 +200,20 @@ def as_params(params: object, mod: IRModule) -> dict[str, tvm.nd.NDArray]:
             "by name; rename the duplicated variables"
         )
     return converted
+
+
+def _unmatched(unknown: list[str], var_names: list[str], *, none_match: bool) -> None:
+    """Params that name no parameter of ``main``: an error when none match, else a warning."""
+    shown = ", ".join(unknown[:5]) + (" ..." if len(unknown) > 5 else "")
+    if none_match:
+        free = ", ".join(var_names[:8]) + (" ..." if len(var_names) > 8 else "")
+        raise ModelError(
+            f"none of the {len(unknown)} param(s) match a parameter of main: {shown}; "
+            f"main's parameters are: {free or '(none)'}; these look like another model's "
+            "weights: pass this model's params, or none"
+        )
+    warn(
+        f"{len(unknown)} param(s) match no parameter of main and are not bound: {shown}; "
+        "drop them from params to silence this (upstream ignores them without a word)",
+        UnusedParamsWarning,
+    )

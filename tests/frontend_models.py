@@ -135,6 +135,24 @@ def _folder() -> str:
     return tempfile.mkdtemp(prefix="relay-tasks-frontends-")
 
 
+@functools.cache
+def _from_get_network(name: str) -> Model:
+    from tvm.meta_schedule.testing.relay_workload import get_network
+
+    mod, params, _ = get_network(name, list(IMAGE))
+    return mod, dict(params.items())
+
+
+def from_get_network(name: str) -> Model:
+    """A network as upstream's MetaSchedule test helper ``get_network`` builds it (traced before
+    ``.eval()``, so BatchNorm counters come back as params ``main`` never reads; NHWC layout), as
+    a private copy."""
+    from zoo import copy_module
+
+    mod, params = _from_get_network(name)
+    return copy_module(mod), params
+
+
 def model_rows() -> list[Any]:
     rows = [pytest.param(name, marks=marks, id=name) for name, (_, marks) in TORCH_MODELS.items()]
     rows += [pytest.param(name, marks=marks, id=name) for name, marks in ONNX_EXPORTS.items()]

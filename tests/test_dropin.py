@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import tvm
@@ -94,6 +96,48 @@ def test_installed_entry_points_equal_the_originals() -> None:
     assert [(t.name, t.args) for t in actual_multi] == [(t.name, t.args) for t in expected_multi]
     assert [t.workload_key for t in actual_ansor] == [t.workload_key for t in expected_ansor]
     assert actual_weights == expected_weights
+
+
+@pytest.mark.parametrize("kind", ["none-match", "some-match"])
+def test_params_upstream_does_not_bind_are_ignored_as_upstream_ignores_them(kind: str) -> None:
+    """Upstream binds by name what matches and ignores the rest; the house API warns (some) or
+    refuses (none), the drop-in neither: same tasks as upstream, no warning."""
+    mod, params = load("dense_softmax")
+    counter = {"bn.num_batches_tracked": np.zeros((), "int64")}
+    odd = counter if kind == "none-match" else {**params, **counter}
+    target = tvm.target.Target(X86)
+    calls = {
+        "meta_schedule": lambda extract: [
+            (t.task_name, int(t.weight), t.dispatched[0])
+            for t in extract(load("dense_softmax")[0], target, odd)
+        ],
+        "autotvm": lambda extract: [
+            (t.name, t.args) for t in extract(load("dense_softmax")[0]["main"], odd, target)
+        ],
+        "autotvm-multiple": lambda extract: [
+            (t.name, t.args)
+            for t in extract([load("dense_softmax")[0], mod], [odd, odd, odd], target)
+        ],
+        "ansor": lambda extract: [
+            (t.workload_key, w)
+            for t, w in zip(*extract(load("dense_softmax")[0], odd, target), strict=True)
+        ],
+    }
+
+    def each(entry_points: list) -> dict[str, list]:
+        ms_extract, at_extract, _, at_multi_extract, ansor_extract, _ = entry_points
+        extractors = (ms_extract, at_extract, at_multi_extract, ansor_extract)
+        return {tuner: call(f) for (tuner, call), f in zip(calls.items(), extractors, strict=True)}
+
+    expected = each(_entry_points())
+    with relay_tasks.installed(), warnings.catch_warnings():
+        warnings.simplefilter("error", relay_tasks.UnusedParamsWarning)
+        actual = each(_entry_points())
+    assert all(expected.values())
+    for tuner, rows in expected.items():
+        assert len(actual[tuner]) == len(rows), tuner
+        for ours, theirs in zip(actual[tuner], rows, strict=True):
+            assert tvm.ir.structural_equal(ours, theirs), (tuner, ours, theirs)
 
 
 def test_installed_meta_schedule_takes_upstreams_executor_argument() -> None:
@@ -228,7 +272,7 @@ def test_errors_reach_scripts_that_catch_tvm_errors(tuner: str, monkeypatch) -> 
 
     monkeypatch.setattr(dropin, "_BOTH", {})  # the combined classes are made on first use
     mod, params = load("dense_softmax")
-    wrong = {**params, "not_a_weight": np.zeros(3, "float32")}  # a ModelError in relay-tasks
+    wrong = {**params, "w1": np.zeros(3, "float32")}  # upstream fails too, in its type checker
     target = tvm.target.Target(X86)
     with relay_tasks.installed():
         extract = {
@@ -239,7 +283,7 @@ def test_errors_reach_scripts_that_catch_tvm_errors(tuner: str, monkeypatch) -> 
         with pytest.raises(tvm.TVMError) as caught:
             extract()
     assert isinstance(caught.value, relay_tasks.ModelError)
-    assert "match no parameter of main: not_a_weight" in str(caught.value)
+    assert "param 'w1' is 3 float32, but main declares 'w1' as" in str(caught.value)
     shown = type(caught.value)
     assert (shown.__name__, shown.__module__) == ("ModelError", "relay_tasks.errors")
     assert list(dropin._BOTH) == [relay_tasks.ModelError]

@@ -3,13 +3,26 @@ tuner, on x86 and CUDA: the models users actually tune, not only ``tvm.relay.tes
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 import pytest
+import tvm
+from tvm import auto_scheduler, autotvm
+from tvm import meta_schedule as ms
 
+import relay_tasks
 from relay_tasks import load_model
 
-from checks import assert_ansor_matches, assert_autotvm_matches, assert_meta_schedule_matches
-from frontend_models import MUST_SHOW, load, model_rows
+from checks import (
+    assert_ansor_matches,
+    assert_autotvm_matches,
+    assert_meta_schedule_matches,
+    assert_same_extracted_tasks,
+)
+from frontend_models import MUST_SHOW, from_get_network, load, model_rows
 from tflite_writer import fully_connected_model
 from zoo import CUDA, X86
 
@@ -53,3 +66,38 @@ def test_tflite_model(tmp_path, target: str) -> None:
     assert assert_meta_schedule_matches(mod, params, target)
     assert assert_autotvm_matches(mod, params, target)
     assert assert_ansor_matches(mod, params, target)
+
+
+#: Upstream's three entry points, read when called (the drop-in replaces them), with what each
+#: tuner consumes from the result.
+UPSTREAM_ENTRY_POINTS: dict[str, Callable[[tvm.IRModule, dict, Any], Any]] = {
+    "meta_schedule": lambda mod, params, target: list(
+        ms.relay_integration.extract_tasks(mod, target, params)
+    ),
+    "autotvm": lambda mod, params, target: [
+        (t.name, t.args) for t in autotvm.task.extract_from_program(mod["main"], params, target)
+    ],
+    "ansor": lambda mod, params, target: [
+        (t.workload_key, t.desc, w)
+        for t, w in zip(*auto_scheduler.extract_tasks(mod["main"], params, target), strict=True)
+    ],
+}
+
+
+@pytest.mark.xdist_group("get_network-resnet_18")
+@pytest.mark.parametrize("tuner", list(UPSTREAM_ENTRY_POINTS))
+def test_upstreams_get_network_through_the_drop_in(tuner: str) -> None:
+    """MetaSchedule's own test helper traces ResNet-18 in training mode: its params include
+    BatchNorm counters that ``main`` never reads, which upstream ignores; so does the drop-in."""
+    mod, params = from_get_network("resnet_18")
+    assert any(name.endswith("num_batches_tracked") for name in params)
+    extract, target = UPSTREAM_ENTRY_POINTS[tuner], tvm.target.Target(X86)
+    expected = extract(mod, params, target)
+    with relay_tasks.installed(), warnings.catch_warnings():
+        warnings.simplefilter("error", relay_tasks.UnusedParamsWarning)  # upstream says nothing
+        actual = extract(from_get_network("resnet_18")[0], params, target)
+    assert expected
+    if tuner == "meta_schedule":
+        assert_same_extracted_tasks(expected, actual)
+    else:
+        assert actual == expected

@@ -7,7 +7,14 @@ import pytest
 import tvm
 from tvm import relay
 
-from relay_tasks import ModelError, RelayTasksError, TargetError, extract_tasks, host_target
+from relay_tasks import (
+    ModelError,
+    RelayTasksError,
+    TargetError,
+    UnusedParamsWarning,
+    extract_tasks,
+    host_target,
+)
 from relay_tasks.inputs import as_module, as_params, as_target
 
 from zoo import X86, load
@@ -69,15 +76,36 @@ def test_host_target_spells_out_the_cpu() -> None:
     assert "mtriple" in target.attrs and "mcpu" in target.attrs
 
 
-def test_params_that_match_nothing_name_the_params_and_the_variables() -> None:
+def test_params_of_which_none_match_name_the_params_and_the_variables() -> None:
     mod, params = _small()
-    wrong = {"w1_typo": params["w1"], **{k: v for k, v in params.items() if k != "w1"}}
+    wrong = {f"{name}_typo": value for name, value in params.items()}
     with pytest.raises(
         ModelError,
-        match="1 param\\(s\\) match no parameter of main: w1_typo; "
-        "main's parameters are: data, w1, b1, w2, b2",
+        match="none of the 4 param\\(s\\) match a parameter of main: b1_typo, b2_typo, w1_typo, "
+        "w2_typo; main's parameters are: data, w1, b1, w2, b2; these look like another model's",
     ):
         extract_tasks(mod, X86, wrong)
+
+
+def test_params_that_match_nothing_are_left_out_with_one_warning() -> None:
+    """As upstream binds them (the others are bound), but said once, naming the first few."""
+    mod, params = _small()
+    extra = {f"aten::add__{i}.num_batches_tracked": np.zeros((), "int64") for i in range(7)}
+    without_w1 = {name: value for name, value in params.items() if name != "w1"}
+    with pytest.warns(UnusedParamsWarning) as caught:
+        tasks = extract_tasks(mod, X86, {**without_w1, **extra, "w1_typo": params["w1"]})
+    assert [str(w.message) for w in caught] == [
+        "8 param(s) match no parameter of main and are not bound: aten::add__0.num_batches_tracked, "
+        "aten::add__1.num_batches_tracked, aten::add__2.num_batches_tracked, "
+        "aten::add__3.num_batches_tracked, aten::add__4.num_batches_tracked ...; drop them from "
+        "params to silence this (upstream ignores them without a word)"
+    ]
+    assert caught[0].filename == __file__  # the warning points at the caller's line
+    expected = extract_tasks(mod, X86, without_w1)
+    assert [(t.name, t.weight) for t in tasks] == [(t.name, t.weight) for t in expected]
+    assert all(
+        tvm.ir.structural_equal(a.func, e.func) for a, e in zip(tasks, expected, strict=True)
+    )
 
 
 @pytest.mark.parametrize(
