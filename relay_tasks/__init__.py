@@ -25,6 +25,7 @@ from . import (
 from .api import extract, extract_models
 from .dropin import install, installed, uninstall
 from .errors import (
+    DamagedRecordWarning,
     DependencyError,
     ExtractionError,
     ModelError,
@@ -44,6 +45,7 @@ from .loaders import load_model
 from .tuning import tune
 
 __all__ = [
+    "DamagedRecordWarning",
     "DependencyError",
     "ExtractionError",
     "ModelError",

@@ -12,6 +12,7 @@ import sys
 import time
 import warnings
 from collections.abc import Sequence
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -167,23 +168,29 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "compile": _compile, "serve": _serve}[args.verb]  # fmt: skip
             return verb(args)
     except TuningInterrupted as err:
-        print(f"relay-tasks: interrupted: {err}", file=sys.stderr)
+        _error_line(f"interrupted: {err}")
         return err.exit_code
     except RelayTasksError as err:
-        print(f"relay-tasks: error: {err}", file=sys.stderr)
+        _error_line(f"error: {err}")
         return err.exit_code
     except KeyboardInterrupt:
-        print("relay-tasks: interrupted", file=sys.stderr)
+        _error_line("interrupted")
         return 130
     except Exception as err:
         lines = str(err).strip().splitlines()
         said = f": {lines[-1]}" if lines else ""  # the last line of a TVM error says what
-        print(
-            f"relay-tasks: internal error: {type(err).__name__}{said} "
-            "(please report this with the command you ran)",
-            file=sys.stderr,
+        _error_line(
+            f"internal error: {type(err).__name__}{said} "
+            "(please report this with the command you ran)"
         )
         return EXIT_INTERNAL
+
+
+def _error_line(text: str) -> None:
+    """The one line on stderr; a terminal that closed (the SIGHUP that stopped a tune) cannot
+    show it, and the exit code still says what happened."""
+    with suppress(OSError):
+        print(f"relay-tasks: {text}", file=sys.stderr)
 
 
 def _options(args: argparse.Namespace) -> dict[str, Any]:
@@ -197,7 +204,18 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
 def _target(args: argparse.Namespace) -> Any:
     from .inputs import as_target, host_target
 
-    return as_target(args.target) if args.target else host_target()
+    if not args.target:
+        return host_target()
+    target = as_target(args.target)
+    if target.kind.name == "llvm" and "mtriple" not in target.attrs:
+        from .errors import TargetError
+
+        raise TargetError(
+            f"--target {args.target!r} names no -mtriple, and hhb-tvm's LLVM then builds "
+            f"riscv64 code; for this machine give --target '{host_target()}' (the default), "
+            "or add the -mtriple of the device you tune for"
+        )
+    return target
 
 
 def _loaded_models(args: argparse.Namespace, sources: Sequence[str]) -> list[tuple[str, Any, Any]]:
@@ -302,15 +320,22 @@ def _status_verb(args: argparse.Namespace) -> int:
 
 def _compile(args: argparse.Namespace) -> int:
     from .tuning import compile as building
+    from .tuning.device import check_runs_here
+    from .tuning.lock import held
+    from .tuning.logs import set_aside_cut_lines
     from .tuning.tune import parse_tracker
 
     tracker = parse_tracker(args.rpc_tracker, args.rpc_key)
     if tracker and not args.benchmark:
         raise UsageError("--rpc-tracker applies to --benchmark only")
     ((source, mod, params),) = _loaded_models(args, args.models)
-    chosen = building.plan(mod, params, args.work_dir)
-    print(f"relay-tasks: {chosen.describe()}", file=sys.stderr)
-    factory = building.build(mod, params, args.work_dir, chosen)
+    with held(Path(args.work_dir), "compile", exclusive=False):
+        chosen = building.plan(mod, params, args.work_dir)
+        set_aside_cut_lines(Path(args.work_dir), chosen.adapter)
+        if args.benchmark and not tracker:
+            check_runs_here(chosen.target, doing="benchmark")
+        print(f"relay-tasks: {chosen.describe()}", file=sys.stderr)
+        factory = building.build(mod, params, args.work_dir, chosen)
     path = building.export(factory, args.output)
     print(f"{source}: {len(chosen.tuned)}/{len(chosen.tasks)} tasks tuned, library in {path}")
     if args.benchmark:

@@ -76,6 +76,10 @@ class UnusedParamsWarning(RelayTasksWarning):
     """Some params name no parameter of ``main``: they were not bound (upstream ignores them)."""
 
 
+class DamagedRecordWarning(RelayTasksWarning):
+    """A log's last line was cut short (a crash while it was written) and was set aside."""
+
+
 def warn(message: str, category: type[RelayTasksWarning]) -> None:
     """Warn at the first frame outside relay-tasks: the warning points at the user's line,
     whichever path inside the package led to it."""

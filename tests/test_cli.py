@@ -16,7 +16,7 @@ from relay_tasks.errors import ModelError, TargetError, UsageError
 from relay_tasks.loaders import load_model
 
 import oracles
-from zoo import CUDA, X86
+from zoo import CUDA, HOST, X86
 
 FIELDS = {"index", "name", "weight", "anchor_op", "gflop", "key", "models", "payload"}
 # dense of 1x8 by 4x8 is 2*1*4*8 = 64 FLOPs (a multiply and an add each), bias 4, relu 4: 72.
@@ -627,7 +627,7 @@ def test_compile_builds_with_the_work_dirs_records_and_benchmarks(
 
     work = tmp_path / "w"
     work.mkdir()
-    _task_file(tiny_model, work / "tasks.json", "meta_schedule")
+    _task_file(tiny_model, work / "tasks.json", "meta_schedule", HOST)  # --benchmark runs it
     capsys.readouterr()
     text, params = tiny_model
     library = tmp_path / "tiny.tar"

@@ -11,12 +11,16 @@ import functools
 import pytest
 import tvm
 
+from relay_tasks.inputs import host_target
 from relay_tasks.ir import with_functions
 from relay_tasks.loaders.zoo import load_zoo_model
 
 from small_graphs import SMALL_GRAPHS
 
+#: Extraction targets (fixed, so rows compare the same tasks on every machine); code that a test
+#: executes is built for HOST, this machine's CPU: an AVX2-only CPU cannot run skylake-avx512's.
 X86 = "llvm -mtriple=x86_64-linux-gnu -mcpu=skylake-avx512"
+HOST = str(host_target())
 CUDA = "cuda -arch=sm_80"
 AARCH64 = "llvm -mtriple=aarch64-linux-gnu -mattr=+neon"
 TARGETS = {"x86": X86, "cuda": CUDA}

@@ -51,8 +51,11 @@ from .base import (
     Runner,
     TunerTask,
     compact_json,
+    damaged,
     load_tvm_json,
+    record_lines,
     refuse_named_calls,
+    valid_for,
 )
 
 NAME = "ansor"
@@ -178,13 +181,17 @@ def tune(
     """Ansor's task scheduler (tasks by weight) until the log holds ``trials`` valid
     measurements; the search effort scales down with the budget."""
     log = work_dir / "ansor.json"
-    budget = trials - sum(m.valid for m in measurements(work_dir))
+    records = measurements(work_dir)
+    budget = trials - valid_for(tasks, records)
     if budget <= 0:
         return
+    # Ansor's cost model reads only records of workloads this process registered: a log of other
+    # models' tasks alone leaves it nothing, which its XGBoost update fails on (np.bincount).
+    ours = {t.key for t in tasks} & {m.key for m in records}
     scheduler = auto_scheduler.TaskScheduler(
         [t.native for t in tasks],
         [t.weight for t in tasks],
-        load_log_file=str(log) if log.exists() else None,
+        load_log_file=str(log) if ours else None,
         # Upstream's default writes total_latency.tsv into the current directory.
         callbacks=[
             auto_scheduler.task_scheduler.PrintTableInfo(),
@@ -221,18 +228,22 @@ def _search(budget: int) -> dict[str, Any]:
 
 def measurements(work_dir: Path) -> list[Measurement]:
     log = work_dir / "ansor.json"
-    if not log.exists():
-        return []
     result = []
-    for inp, res in auto_scheduler.load_records(str(log)):
-        task_key = key(inp.task)
-        costs = [float(c) for c in res.costs]
-        if res.error_no == 0 and costs:
+    codes = {int(v): k for k, v in vars(auto_scheduler.measure.MeasureErrorNo).items()
+             if isinstance(v, int)}  # fmt: skip
+    for number, line in record_lines(log):
+        try:
+            inp, res = auto_scheduler.measure_record.load_record_from_string(line)
+            task_key = key(inp.task)
+            costs = [float(c) for c in res.costs]
+            error_no = int(res.error_no)
+        except Exception as err:  # TVM's record reader raises TVMError on what it cannot read
+            raise damaged(log, number, describe_failure(err)) from err
+        if error_no == 0 and costs:
             result.append(Measurement(task_key, sum(costs) / len(costs)))
         else:
             # Ansor's records keep the error code, never its message: the worker's output has it.
-            codes = vars(auto_scheduler.measure.MeasureErrorNo).items()
-            name = next(k for k, v in codes if v == int(res.error_no))
+            name = codes.get(error_no, f"error {error_no}")
             result.append(Measurement(task_key, None, f"{name}: see tune.log"))
     return result
 
@@ -255,7 +266,9 @@ def _runner(runner: Runner) -> Any:
     return auto_scheduler.RPCRunner(runner.key, host, port, repeat=1, timeout=int(runner.timeout))
 
 
-ADAPTER = Adapter(NAME, extract, encode, decode, key, merge, tune, measurements, flops, build)
+ADAPTER = Adapter(
+    NAME, extract, encode, decode, key, merge, tune, measurements, flops, build, ("ansor.json",)
+)
 
 
 def default_hardware_params(target: Target) -> Any:

@@ -23,13 +23,13 @@ from tvm.autotvm.task.space import ConfigSpace
 from tvm.autotvm.task.task import compute_flop, serialize_args
 from tvm.target import Target
 
-from ..errors import ModelError
+from ..errors import ModelError, describe_failure
 from ..extract import Task, display_name, in_call_order, run_extraction, shape_text
 from ..inputs import ParamsLike, TargetLike
 from ..ir import dunders_answered_in_python
 from ..pipeline import PassSettings
 from ..request import Request
-from .base import Adapter, Measurement, Runner, TunerTask
+from .base import Adapter, Measurement, Runner, TunerTask, damaged, record_lines
 
 NAME = "autotvm"
 #: Upstream's extraction lowers with AlterOpLayout off: AutoTVM's templates expect that.
@@ -334,16 +334,17 @@ def _measure_option(runner: Runner) -> Iterator[Any]:
 
 def measurements(work_dir: Path) -> list[Measurement]:
     log = work_dir / "autotvm.log"
-    if not log.exists():
-        return []
     result = []
-    for inp, res in autotvm.record.load_from_file(str(log)):
-        if res.error_no == 0:
-            result.append(Measurement(key(inp.task), sum(res.costs) / len(res.costs)))
-        else:
-            # AutoTVM logs 1e9 s for every failure, never its cause: the worker's output has it.
-            error = autotvm.measure.MeasureErrorNo(res.error_no).name
-            result.append(Measurement(key(inp.task), None, f"{error}: see tune.log"))
+    for number, line in record_lines(log):
+        try:
+            inp, res = autotvm.record.decode(line)
+            task_key = key(inp.task)
+            seconds = sum(res.costs) / len(res.costs) if res.error_no == 0 else None
+            error = "" if res.error_no == 0 else autotvm.measure.MeasureErrorNo(res.error_no).name
+        except Exception as err:  # AutoTVM's decoder raises what the line's fields make it raise
+            raise damaged(log, number, describe_failure(err)) from err
+        # AutoTVM logs 1e9 s for every failure, never its cause: the worker's output has it.
+        result.append(Measurement(task_key, seconds, f"{error}: see tune.log" if error else ""))
     return result
 
 
@@ -363,4 +364,6 @@ def build(mod: Any, target: Target, params: Any, work_dir: Path) -> Any:
         return relay.build(mod, target=target, params=params)
 
 
-ADAPTER = Adapter(NAME, extract, encode, decode, key, merge, tune, measurements, flops, build)
+ADAPTER = Adapter(
+    NAME, extract, encode, decode, key, merge, tune, measurements, flops, build, ("autotvm.log",)
+)

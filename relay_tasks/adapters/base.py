@@ -10,6 +10,8 @@ from typing import Any
 
 import tvm
 
+from ..errors import ModelError
+
 
 @dataclass(frozen=True)
 class TunerTask:
@@ -68,7 +70,8 @@ class Adapter:
     - ``measurements(work_dir)``: the records in ``work_dir``, in the order measured, each
       under its task's key (the records name their tasks; standing() matches them to rows);
     - ``flops(native)``: floating-point operations of one call of the task;
-    - ``build(mod, target, params, work_dir)``: the model built with the best records applied.
+    - ``build(mod, target, params, work_dir)``: the model built with the best records applied;
+    - ``logs``: the files of ``work_dir`` its records are in, one record a line.
     """
 
     name: str
@@ -81,6 +84,47 @@ class Adapter:
     measurements: Callable[[Path], list[Measurement]] = field(repr=False)
     flops: Callable[[Any], float] = field(repr=False)
     build: Callable[[Any, Any, Any, Path], Any] = field(repr=False)
+    logs: tuple[str, ...] = ()
+
+
+def valid_for(tasks: Sequence[TunerTask], measurements: Iterable[Measurement]) -> int:
+    """The valid measurements of ``tasks``: a work dir shared by several models holds records of
+    other tasks too, which fill no budget of these."""
+    keys = {t.key for t in tasks}
+    return sum(1 for m in measurements if m.valid and m.key in keys)
+
+
+def record_lines(path: Path) -> list[tuple[int, str]]:
+    """The records of a tuner's log, ``(line number, line)``, one JSON record a line.
+
+    A crash while appending (a hard kill, a full disk) cuts the last line: that one is left out
+    (``tune`` and ``compile`` set it aside with a warning before the tuner reads the log). A line
+    that is not JSON anywhere else is damage no crash makes: one ``ModelError`` naming the file
+    and the line.
+    """
+    if not path.exists():
+        return []
+    try:
+        text = path.read_bytes().decode("utf-8", errors="replace")
+    except OSError as err:
+        raise ModelError(f"{path}: cannot read the records ({err.strerror})") from err
+    numbered = [(n, line) for n, line in enumerate(text.split("\n"), start=1) if line.strip()]
+    for position, (number, line) in enumerate(numbered):
+        try:
+            json.loads(line)
+        except ValueError as err:
+            if position == len(numbered) - 1:
+                return numbered[:-1]
+            raise damaged(path, number, str(err)) from err
+    return numbered
+
+
+def damaged(path: Path, line: int, why: str) -> ModelError:
+    """The error for a record that cannot be read, naming where it is and what to do."""
+    return ModelError(
+        f"{path}, line {line}: not a record the tuner wrote ({why}); remove that line, or "
+        "restore the file, and run again"
+    )
 
 
 def compact_json(text: str) -> str:

@@ -36,8 +36,11 @@ from .base import (
     Runner,
     TunerTask,
     compact_json,
+    damaged,
     load_tvm_json,
+    record_lines,
     refuse_named_calls,
+    valid_for,
 )
 
 NAME = "meta_schedule"
@@ -295,7 +298,7 @@ def tune(
     for module in ("arm_cpu", "cuda", "rocm", "x86"):
         importlib.import_module(f"tvm.tir.tensor_intrin.{module}")
 
-    budget = trials - sum(m.valid for m in measurements(work_dir))
+    budget = trials - valid_for(tasks, measurements(work_dir))
     if budget <= 0:
         return
     target = _with_num_cores(target)
@@ -390,20 +393,37 @@ def measurements(work_dir: Path) -> list[Measurement]:
     )
     if not records.exists():
         return []
-    keys = [f"{int(json.loads(line)[0]) & (2**64 - 1):016x}" for line in _lines(workloads)]
-    errors = iter([json.loads(line)["error"] for line in _lines(work_dir / ERRORS_FILE)])
+    keys = [_workload_key(workloads, n, line) for n, line in record_lines(workloads)]
+    errors = iter(_causes(work_dir / ERRORS_FILE))
     result = []
-    for line in _lines(records):
-        index, (_, run_secs, *_) = json.loads(line)
-        seconds = sum(run_secs) / len(run_secs) if run_secs else None
+    for number, line in record_lines(records):
+        try:
+            index, (_, run_secs, *_) = json.loads(line)
+            task_key = keys[index]
+            seconds = sum(run_secs) / len(run_secs) if run_secs else None
+        except (TypeError, ValueError, IndexError, ZeroDivisionError) as err:
+            raise damaged(records, number, f"{type(err).__name__}: {err}") from err
         failed = seconds is None or seconds >= 1e9  # MetaSchedule's mark of a failed run
         error = next(errors, "unknown error") if failed else ""
-        result.append(Measurement(keys[index], None if failed else seconds, error))
+        result.append(Measurement(task_key, None if failed else seconds, error))
     return result
 
 
-def _lines(path: Path) -> list[str]:
-    return [line for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+def _workload_key(path: Path, number: int, line: str) -> str:
+    try:
+        return f"{int(json.loads(line)[0]) & (2**64 - 1):016x}"
+    except (TypeError, ValueError, IndexError, KeyError) as err:
+        raise damaged(path, number, f"{type(err).__name__}: {err}") from err
+
+
+def _causes(path: Path) -> list[str]:
+    """The causes :class:`_ErrorLog` kept, one per failed measurement, in order."""
+    causes = []
+    for _, line in record_lines(path):
+        record = json.loads(line)
+        cause = record.get("error") if isinstance(record, dict) else None
+        causes.append(cause if isinstance(cause, str) else "unknown error")
+    return causes
 
 
 def flops(task: ms.ExtractedTask) -> float:
@@ -434,4 +454,6 @@ def _runner(runner: Runner) -> Any:
     return ms.runner.RPCRunner(config)
 
 
-ADAPTER = Adapter(NAME, extract, encode, decode, key, merge, tune, measurements, flops, build)
+#: The JSON database: workloads (a task's TIR a line), and records pointing into them.
+LOGS = ("database_workload.json", "database_tuning_record.json")
+ADAPTER = Adapter(NAME, extract, encode, decode, key, merge, tune, measurements, flops, build, LOGS)

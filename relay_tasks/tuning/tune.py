@@ -2,9 +2,11 @@
 
 TVM's tuners loop in C++ and call back into Python, where a ``KeyboardInterrupt`` is caught and
 printed by TVM and tuning goes on. So the tuner gets a process of its own (its own session, so a
-terminal's Ctrl-C reaches only this supervisor): SIGINT or SIGTERM here stops the child's whole
-process group within seconds. Every tuner appends each finished batch of measurements to its log
-at once, so what was measured stays on disk and the same command resumes from it. The child's
+terminal's Ctrl-C reaches only this supervisor): SIGINT, SIGTERM or SIGHUP (the terminal closed)
+here stops the child's whole process group within seconds, and the child stops by itself when
+this process dies without a word (SIGKILL). Every tuner appends each finished batch of
+measurements to its log at once, so what was measured stays on disk and the same command
+resumes from it. The child's
 output (TVM's logs and tables) goes to ``tune.log`` in the work dir; this process shows one
 progress line on a terminal, read from the records as they grow.
 """
@@ -24,11 +26,14 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from ..adapters import Adapter, TunerTask, get_adapter
+from ..adapters import ADAPTERS, Adapter, TunerTask, get_adapter
 from ..adapters.base import Runner
-from ..errors import TargetError, TuningError, TuningInterrupted, UsageError, describe_text
+from ..errors import ModelError, TuningError, TuningInterrupted, UsageError, describe_text
 from ..export import TaskFile, dumps, load_tasks, tasks_document
 from ..inputs import TargetLike, as_target
+from .device import check_runs_here
+from .lock import held
+from .logs import set_aside_cut_lines
 from .records import Standing, standing
 
 #: The tasks being tuned, as a task file: the worker reads them, ``status`` and ``compile`` too.
@@ -37,8 +42,6 @@ TASKS_FILE = "tasks.json"
 LOG_FILE = "tune.log"
 #: The worker's last word when it fails, for the one-line error.
 FAILURE_MARK = "relay-tasks-worker: error: "
-#: Target kinds that measure on a device other than this CPU.
-GPU_KINDS = frozenset({"cuda", "rocm", "vulkan", "opencl", "metal"})
 #: Seconds a stopped worker gets before its process group is killed.
 GRACE = 2.0
 
@@ -61,7 +64,7 @@ def tune(
     only valid ones, and spends only the trials still missing. ``rpc_tracker`` (``host:port``)
     and ``rpc_key`` measure on devices behind a TVM RPC tracker instead of this machine.
 
-    Raises :class:`TuningInterrupted` on SIGINT/SIGTERM (measurements kept) and
+    Raises :class:`TuningInterrupted` on SIGINT/SIGTERM/SIGHUP (measurements kept) and
     :class:`TuningError` when the tuner fails or every new measurement failed.
     """
     if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
@@ -71,15 +74,22 @@ def tune(
     adapter = get_adapter(tuner)
     tgt = as_target(target)
     runner = Runner(parse_tracker(rpc_tracker, rpc_key), rpc_key, timeout)
-    _check_device(tgt, runner)
+    if runner.tracker is None:
+        check_runs_here(tgt, doing="measure")
     folder = work_folder(work_dir)
-    document = tasks_document(tasks, tuner=adapter.name, target=tgt, models=_models(tasks))
-    (folder / TASKS_FILE).write_text(dumps(document) + "\n")
-    before = standing(tasks, adapter.measurements(folder))
-    if before.valid >= trials:
-        return before
-    stopped = _run_worker(adapter, tasks, folder, trials, runner)
-    after = standing(tasks, adapter.measurements(folder))
+    with held(folder, "tune", exclusive=True) as lock:
+        check_same_tuning(folder, adapter, tgt)
+        set_aside_cut_lines(folder, adapter)
+        document = tasks_document(tasks, tuner=adapter.name, target=tgt, models=_models(tasks))
+        write_file(folder / TASKS_FILE, dumps(document) + "\n")
+        before = standing(tasks, adapter.measurements(folder))
+        if before.valid >= trials:
+            return before
+        display = _Progress(adapter, tasks, folder, trials)
+        if before.valid:
+            display.say(_resuming(before, folder))
+        stopped = _run_worker(adapter, tasks, folder, trials, runner, lock, display)
+        after = standing(tasks, adapter.measurements(folder))
     if stopped is not None:
         raise TuningInterrupted(
             f"stopped; {after.valid} valid measurements are kept in {folder}: run the same "
@@ -103,6 +113,61 @@ def tuned_for(work_dir: str | Path) -> TaskFile:
         raise UsageError(f"{folder} is not a relay-tasks work dir (no {TASKS_FILE}); "
                          "give the --work-dir of a tune")  # fmt: skip
     return load_tasks(folder / TASKS_FILE)
+
+
+def check_same_tuning(folder: Path, adapter: Adapter, target: Any) -> None:
+    """A work dir keeps one tuner's records for one target: records for another CPU would count
+    toward this budget and be built into this target's library, and another tuner's would be
+    ignored without a word. Several models may share it (records of equal tasks are reused)."""
+    foreign = [name for other in ADAPTERS.values() if other.name != adapter.name
+               for name in other.logs if (folder / name).exists()]  # fmt: skip
+    before = _tuned_before(folder)
+    if before is None and not foreign:
+        return
+    tuner, tuned_target = before or ("another tuner", "")
+    if foreign or tuner != adapter.name or tuned_target != str(target):
+        held_for = f"{tuner} records for '{tuned_target}'" if before else foreign[0]
+        raise UsageError(
+            f"{folder} holds {held_for}, and this tune is {adapter.name} for '{target}'; "
+            "give another --work-dir (a work dir keeps one tuner's records for one target)"
+        )
+
+
+def _tuned_before(folder: Path) -> tuple[str, str] | None:
+    """The tuner and target of the last tune in ``folder`` (its task file's header)."""
+    path = folder / TASKS_FILE
+    if not path.exists():
+        return None
+    try:
+        document = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:
+        raise ModelError(f"{path}: cannot read the work dir's task file ({err}); restore it, or "
+                         "give another --work-dir") from err  # fmt: skip
+    tuner = document.get("tuner") if isinstance(document, dict) else None
+    target = document.get("target") if isinstance(document, dict) else None
+    if not isinstance(tuner, str) or not isinstance(target, str):
+        raise ModelError(f"{path}: not a relay-tasks task file; give another --work-dir")
+    return tuner, target
+
+
+def _resuming(before: Standing, folder: Path) -> str:
+    started = sum(1 for t in before.tasks if t.valid)
+    return (f"relay-tasks: resuming: {started} of {len(before.tasks)} tasks already have valid "
+            f"records in {folder} ({before.valid} valid measurements)")  # fmt: skip
+
+
+def write_file(path: Path, text: str) -> None:
+    """Replace ``path`` whole (a crash leaves the old file or the new one, never half of one;
+    a symbolic link there is replaced, not followed), or say in one line why it cannot be."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(temporary, "x") as handle:
+            handle.write(text)
+        os.replace(temporary, path)
+    except OSError as err:
+        with suppress(OSError):
+            temporary.unlink()
+        raise TuningError(f"cannot write {path}: {err.strerror}") from err
 
 
 def work_folder(work_dir: str | Path) -> Path:
@@ -138,35 +203,32 @@ def parse_address(
     return host, int(port)
 
 
-def _check_device(target: Any, runner: Runner) -> None:
-    """A GPU target measures on a GPU: without a tracker it has to be this machine's."""
-    import tvm
-
-    kind = target.kind.name
-    if runner.tracker is None and kind in GPU_KINDS and not tvm.device(kind, 0).exist:
-        raise TargetError(
-            f"this machine has no {kind} device to measure on: tune for it through a tracker "
-            "(--rpc-tracker HOST:PORT --rpc-key KEY, with relay-tasks serve on the device)"
-        )
-
-
 def _models(tasks: Sequence[TunerTask]) -> list[str]:
     return list(dict.fromkeys(m for t in tasks for m in t.models))
 
 
 def _run_worker(
-    adapter: Adapter, tasks: Sequence[TunerTask], folder: Path, trials: int, runner: Runner
+    adapter: Adapter,
+    tasks: Sequence[TunerTask],
+    folder: Path,
+    trials: int,
+    runner: Runner,
+    lock: int | None,
+    display: _Progress,
 ) -> int | None:
-    """Run the worker to the end, or until a signal; returns that signal's number, if any."""
+    """Run the worker to the end, or until a signal; returns that signal's number, if any.
+
+    The worker inherits the work dir's lock (held while it lives, should this process die
+    first) and stops with this process (it watches its parent)."""
     # In the work dir, so that whatever a tuner writes to its current directory lands there.
     command = [sys.executable, "-m", "relay_tasks.tuning.worker", str(folder.resolve()),
-               str(trials), json.dumps(asdict(runner))]  # fmt: skip
+               str(trials), json.dumps(asdict(runner)), str(os.getpid())]  # fmt: skip
     with open(folder / LOG_FILE, "ab") as log, _signals() as stop:
         log.write(f"\n=== relay-tasks tune, {time.strftime('%Y-%m-%d %H:%M:%S')} ===\n".encode())
         log.flush()
         child = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                 cwd=folder, start_new_session=True)  # fmt: skip
-        display = _Progress(adapter, tasks, folder, trials)
+                                 cwd=folder, start_new_session=True,
+                                 pass_fds=() if lock is None else (lock,))  # fmt: skip
         try:
             while child.poll() is None and not stop:
                 display.update()
@@ -184,12 +246,13 @@ def _run_worker(
 
 @contextmanager
 def _signals() -> Iterator[list[int]]:
-    """SIGINT and SIGTERM, noted instead of raised (signal handlers only in the main thread)."""
+    """SIGINT, SIGTERM and SIGHUP (the terminal closed), noted instead of raised (signal
+    handlers only in the main thread)."""
     received: list[int] = []
     if threading.current_thread() is not threading.main_thread():
         yield received
         return
-    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     for number in previous:
         signal.signal(number, lambda signum, _frame: received.append(signum))
     try:
@@ -221,36 +284,56 @@ def _last_failure(log: Path) -> str:
 
 
 class _Progress:
-    """One line on a terminal: task i/n, valid measurements of the budget, best latency so far.
+    """Where the tune stands: task i/n, valid measurements of the budget, best latency so far.
 
-    Read from the records every second or so; nothing at all when stderr is not a terminal.
+    Read from the records as they grow. On a terminal, one line rewritten every second; off
+    one (a pipe, a CI log), a line of its own every ``QUIET_INTERVAL`` seconds, so a long tune
+    is never silent and a short one prints nothing.
     """
 
     def __init__(self, adapter: Adapter, tasks: Sequence[TunerTask], folder: Path, trials: int):
         self.adapter, self.tasks, self.folder, self.trials = adapter, tasks, folder, trials
-        self.enabled = sys.stderr.isatty()
-        self.last = 0.0
+        self.terminal = sys.stderr.isatty()
+        self.interval = 1.0 if self.terminal else QUIET_INTERVAL
+        self.last = time.monotonic() if not self.terminal else 0.0
         self.width = 0
 
     def update(self) -> None:
-        if not self.enabled or time.monotonic() - self.last < 1.0:
+        if time.monotonic() - self.last < self.interval:
             return
         self.last = time.monotonic()
         try:
             records = self.adapter.measurements(self.folder)
         except Exception:  # a log being written can be read half-way; try again later
             return
-        self._show(progress_line(self.tasks, records, self.trials))
+        line = progress_line(self.tasks, records, self.trials)
+        if self.terminal:
+            self._write("\r" + line.ljust(self.width))
+            self.width = len(line)
+        else:
+            self._write(f"relay-tasks: {line}\n")
 
-    def _show(self, line: str) -> None:
-        sys.stderr.write("\r" + line.ljust(self.width))
-        sys.stderr.flush()
-        self.width = len(line)
+    def say(self, line: str) -> None:
+        """A line of its own, above the progress line."""
+        self.close()
+        self._write(line + "\n")
 
     def close(self) -> None:
-        if self.enabled and self.width:
-            sys.stderr.write("\r" + " " * self.width + "\r")
+        if self.terminal and self.width:
+            self._write("\r" + " " * self.width + "\r")
+            self.width = 0
+
+    def _write(self, text: str) -> None:
+        """A terminal that closed (SIGHUP) fails every write: the tune still stops cleanly."""
+        try:
+            sys.stderr.write(text)
             sys.stderr.flush()
+        except OSError:
+            self.terminal, self.interval = False, float("inf")
+
+
+#: Seconds between two progress lines off a terminal.
+QUIET_INTERVAL = 30.0
 
 
 def progress_line(tasks: Sequence[TunerTask], records: Sequence[Any], trials: int) -> str:

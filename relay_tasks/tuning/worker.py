@@ -1,20 +1,26 @@
-"""The tuning child process: ``python -m relay_tasks.tuning.worker WORK_DIR TRIALS RUNNER``.
+"""The tuning child process: ``python -m relay_tasks.tuning.worker WORK_DIR TRIALS RUNNER PARENT``.
 
 Reads the work dir's task file (data, checked like any task file), tunes, and on failure says
-why in one marked line for the supervisor (:mod:`relay_tasks.tuning.tune`).
+why in one marked line for the supervisor (:mod:`relay_tasks.tuning.tune`). It runs in a session
+of its own, so no terminal signal reaches it: when the supervisor dies without stopping it
+(SIGKILL), it stops its whole process group itself.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import signal
 import sys
+import threading
+import time
 import traceback
 from pathlib import Path
 from typing import Any
 
 from ..adapters import Adapter, TunerTask, get_adapter
-from ..adapters.base import Runner
+from ..adapters.base import Runner, valid_for
 from ..errors import describe_failure
 from ..export import load_tasks
 from .tune import FAILURE_MARK, TASKS_FILE
@@ -22,6 +28,7 @@ from .tune import FAILURE_MARK, TASKS_FILE
 
 def main(argv: list[str]) -> int:
     folder, trials, runner = Path(argv[0]), int(argv[1]), json.loads(argv[2])
+    watch_parent(int(argv[3]))
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, force=True)
     try:
         loaded = load_tasks(folder / TASKS_FILE)
@@ -51,10 +58,29 @@ def tune_until(
 
 
 BARREN_PASSES = 3
+#: Seconds between two looks for the supervisor.
+PARENT_POLL = 0.5
+
+
+def watch_parent(parent: int) -> None:
+    """End this process group (the worker, its builders and runners) once ``parent`` is no
+    longer this process's parent.
+
+    A thread, not a signal handler: the tuners spend their time in C++, where Python's signal
+    handlers wait, while TVM's FFI lets other threads run. SIGKILL, as the supervisor's own
+    stop ends with: each finished measurement is already on disk, and the worker has nothing
+    to tidy that a SIGTERM would let it do."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL)
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="relay-tasks-parent-watch", daemon=True).start()
 
 
 def _valid(adapter: Adapter, tasks: list[TunerTask], folder: Path) -> int:
-    return sum(m.valid for m in adapter.measurements(folder))
+    return valid_for(tasks, adapter.measurements(folder))
 
 
 if __name__ == "__main__":

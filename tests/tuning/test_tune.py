@@ -64,7 +64,7 @@ def test_failed_records_do_not_count_as_done(tiny, tuned: dict[str, Path], tmp_p
 
 def test_a_tune_where_every_measurement_fails_says_why(tiny, tmp_path, capsys) -> None:
     argv = tune_argv(tiny, "meta_schedule", tmp_path / "w", 2)
-    code = main([*argv, "--target", "llvm -mtriple=aarch64-linux-gnu"])  # cannot run here
+    code = main([*argv, "--timeout", "0.0001"])  # no run ends in time
     err = capsys.readouterr().err
     assert code == relay_tasks.TuningError.exit_code
     assert len(err.splitlines()) == 1
@@ -86,7 +86,12 @@ def _worker_processes(work: Path) -> list[str]:
 
 @pytest.mark.parametrize(
     ("tuner", "signum"),
-    [("meta_schedule", signal.SIGINT), ("autotvm", signal.SIGTERM), ("ansor", signal.SIGINT)],
+    [
+        ("meta_schedule", signal.SIGINT),
+        ("autotvm", signal.SIGTERM),
+        ("ansor", signal.SIGINT),
+        ("meta_schedule", signal.SIGHUP),  # the terminal closed
+    ],
 )
 def test_a_signal_stops_tuning_keeps_the_records_and_the_tune_resumes(
     tuner: str, signum: int, tiny, tmp_path: Path
@@ -141,7 +146,10 @@ def test_progress_shows_on_a_terminal_only_and_stdout_keeps_the_result(tiny, tmp
     assert "tuning task" not in out
     piped = subprocess.run([*command, *tune_argv(tiny, "meta_schedule", tmp_path / "pipe", 2)],
                            capture_output=True, text=True, check=True)  # fmt: skip
-    assert piped.stderr == ""
+    # Off a terminal: a progress line of its own every 30 s at most, none in a short tune.
+    assert all(
+        line.startswith("relay-tasks: tuning task 1/1 | ") for line in piped.stderr.splitlines()
+    )
     assert piped.stdout.splitlines()[-1].startswith("2 valid measurements")
 
 

@@ -1,0 +1,105 @@
+"""Code for a CPU this machine is not is refused in one line before anything is built or run."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import tvm
+
+import relay_tasks
+from relay_tasks.cli import main
+from relay_tasks.inputs import as_target
+from relay_tasks.tuning.device import check_runs_here, missing_features
+
+from tuned_models import tune_argv
+from zoo import HOST
+
+#: Targets each selecting an instruction set that some x86 CPUs lack: AMX is Intel's (Sapphire
+#: Rapids on), XOP was AMD's (Bulldozer to Excavator); no CPU has both, so one is foreign here.
+FOREIGN = [
+    f"llvm -mtriple=x86_64-linux-gnu -mcpu=x86-64 -mattr=+{feature}"
+    for feature in ("amx-tile", "xop", "avx512f")
+]
+
+
+def _foreign_target() -> str:
+    found = [t for t in FOREIGN if missing_features(tvm.target.Target(t))]
+    assert found, "every one of the FOREIGN targets runs here: no CPU has them all"
+    return found[0]
+
+
+def _suggested(message: str) -> str:
+    """The target a message tells the user to give (its last ``--target '...'``)."""
+    return re.findall(r"--target '([^']+)'", message)[-1]
+
+
+def test_this_machines_target_runs_here() -> None:
+    check_runs_here(relay_tasks.host_target(), doing="measure")
+    assert missing_features(relay_tasks.host_target()) == []
+
+
+def test_a_cpu_feature_this_host_lacks_is_named_before_tuning(tiny, tmp_path: Path, capsys):
+    target = _foreign_target()
+    work = tmp_path / "w"
+    assert main([*tune_argv(tiny, "meta_schedule", work, 2), "--target", target]) == 4
+    err = capsys.readouterr().err
+    lacks = ", ".join(missing_features(tvm.target.Target(target)))
+    assert err.startswith(f"relay-tasks: error: this machine's CPU lacks {lacks}, which code ")
+    assert "would die of an illegal instruction" in err and len(err.splitlines()) == 1
+    assert not work.exists()  # refused before the work dir is made
+    # The way out it names is a target this machine runs.
+    check_runs_here(as_target(_suggested(err)), doing="measure")
+
+
+def test_code_for_another_architecture_is_refused_before_tuning(tiny, tmp_path, capsys) -> None:
+    work = tmp_path / "w"
+    argv = [*tune_argv(tiny, "autotvm", work, 2), "--target", "llvm -mtriple=aarch64-linux-gnu"]
+    assert main(argv) == 4
+    err = capsys.readouterr().err
+    assert "builds aarch64 code, which this x86_64 machine cannot measure" in err
+    assert len(err.splitlines()) == 1 and not work.exists()
+
+
+def test_compile_benchmark_is_refused_for_a_foreign_cpu(tiny, tmp_path, capsys) -> None:
+    """The work dir's tasks are for a CPU with features this one lacks: the library may be
+    built (for that device), but not run here."""
+    text, params = tiny
+    work, library = tmp_path / "w", tmp_path / "m.tar"
+    work.mkdir()
+    extracted = ["extract", str(text), "--params", str(params), "--target", _foreign_target(),
+                 "--format", "json", "-o", str(work / "tasks.json")]  # fmt: skip
+    assert main(extracted) == 0
+    argv = ["compile", str(text), "--params", str(params), "--work-dir", str(work),
+            "-o", str(library)]  # fmt: skip
+    assert main([*argv, "--benchmark"]) == 4
+    assert "this machine's CPU lacks" in capsys.readouterr().err
+    assert not library.exists()
+    assert main(argv) == 0 and library.stat().st_size > 0  # building for it is fine
+
+
+@pytest.mark.parametrize("target", ["llvm", "llvm -mcpu=x86-64 -opt-level=3"])
+def test_a_target_without_triple_is_refused_with_one_that_works(tiny, target, capsys) -> None:
+    """hhb-tvm's bare ``llvm`` means riscv64; the CLI says so and names the target to use."""
+    text, params = tiny
+    argv = ["extract", str(text), "--params", str(params)]
+    code = main([*argv, "--target", target])
+    err = capsys.readouterr().err
+    assert code == 4 and len(err.splitlines()) == 1, err
+    if "-mcpu" in target:  # LLVM's riscv64 knows no x86-64 CPU: that refusal comes first
+        assert "is not a CPU LLVM knows for the default triple (riscv64" in err
+        return
+    assert "names no -mtriple, and hhb-tvm's LLVM then builds riscv64 code" in err
+    assert _suggested(err) == HOST
+    assert main([*argv, "--target", _suggested(err)]) == 0
+
+
+def test_the_examples_in_target_errors_are_accepted(tiny, capsys) -> None:
+    text, params = tiny
+    assert main(["extract", str(text), "--params", str(params), "--target", "lvm"]) == 4
+    err = capsys.readouterr().err
+    examples = re.findall(r"e\.g\. '([^']+)' or '([^']+)'", err)
+    assert examples, err
+    for example in examples[0]:
+        assert main(["extract", str(text), "--params", str(params), "--target", example]) == 0

@@ -1,0 +1,147 @@
+"""A work dir keeps one tuner's records for one target, never counts another model's records
+toward a budget, and survives a cut last line; other damage is one error naming the line."""
+
+from __future__ import annotations
+
+import importlib
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relay
+
+import relay_tasks
+from relay_tasks.cli import main
+
+from tuned_models import TUNERS, raw_measurements, tune_argv, valid_count
+
+LOGS = {
+    "meta_schedule": "database_tuning_record.json",
+    "autotvm": "autotvm.log",
+    "ansor": "ansor.json",
+}
+
+
+def _copy(tuned: dict[str, Path], tuner: str, tmp_path: Path) -> Path:
+    work = tmp_path / "work"
+    shutil.copytree(tuned[tuner], work)
+    return work
+
+
+@pytest.mark.parametrize(
+    ("tuner", "other"),
+    [("meta_schedule", ["--tuner", "ansor"]), ("autotvm", ["--target", "{x86-64}"])],
+    ids=["another-tuner", "another-target"],
+)
+def test_a_work_dir_of_another_tuner_or_target_is_refused(
+    tuner, other, tiny, tuned, tmp_path, capsys
+):
+    work = _copy(tuned, tuner, tmp_path)
+    before = {p.name: p.read_bytes() for p in work.iterdir() if p.is_file()}
+    argv = tune_argv(tiny, tuner, work, 5)
+    generic = "llvm -mtriple=x86_64-linux-gnu -mcpu=x86-64"  # runs on any x86-64
+    argv += [generic if a == "{x86-64}" else a for a in other]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    tuned_for = str(relay_tasks.host_target())
+    assert err.startswith(f"relay-tasks: error: {work} holds {tuner} records for '{tuned_for}', "
+                          "and this tune is ")  # fmt: skip
+    assert "give another --work-dir" in err and len(err.splitlines()) == 1
+    after = {p.name: p.read_bytes() for p in work.iterdir() if p.is_file()}
+    assert after == before  # nothing written, tasks.json included
+
+
+def _other_model(folder: Path) -> tuple[Path, Path]:
+    """dense 1x32 by 8x32: not the tiny model's task."""
+    data, weight = relay.var("data", shape=(1, 32)), relay.var("v", shape=(8, 32))
+    mod = tvm.IRModule.from_expr(relay.Function([data, weight], relay.nn.dense(data, weight)))
+    text, params = folder / "other.relay", folder / "other.params"
+    text.write_text(mod.astext())
+    value = np.ones((8, 32), "float32")
+    params.write_bytes(relay.save_param_dict({"v": tvm.nd.array(value)}))
+    return text, params
+
+
+def test_records_of_another_model_fill_no_budget(tiny, tuned, tmp_path, capsys) -> None:
+    """The work dir holds 3 valid records of the tiny model: a tune of another model for 2
+    measures 2 of its own, and the tiny model's records stay as they were."""
+    work = _copy(tuned, "ansor", tmp_path)
+    before = raw_measurements(work, "ansor")
+    assert main(tune_argv(_other_model(tmp_path), "ansor", work, 2)) == 0
+    after = raw_measurements(work, "ansor")
+    assert after[: len(before)] == before
+    new = [seconds for _, seconds in after[len(before) :] if seconds is not None]
+    assert len(new) >= 2
+    assert "resuming" not in capsys.readouterr().err  # none of its tasks had records
+
+
+def test_a_resumed_tune_says_what_it_resumes_and_shows_progress_off_a_terminal(
+    tiny, tuned, tmp_path, capsys, monkeypatch
+) -> None:
+    supervisor = importlib.import_module(
+        "relay_tasks.tuning.tune"
+    )  # the package's tune is a function
+    monkeypatch.setattr(supervisor, "QUIET_INTERVAL", 0.5)
+    work = _copy(tuned, "meta_schedule", tmp_path)
+    assert main(tune_argv(tiny, "meta_schedule", work, 5)) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == (f"relay-tasks: resuming: 1 of 1 tasks already have valid records in {work} "
+                      "(3 valid measurements)")  # fmt: skip
+    progress = err[1:]
+    assert progress and all(line.startswith("relay-tasks: tuning task 1/1 | ") for line in progress)
+    assert valid_count(work, "meta_schedule") == 5
+
+
+@pytest.mark.parametrize("tuner", TUNERS)
+def test_a_cut_last_line_is_set_aside_and_the_work_dir_goes_on(
+    tuner, tiny, tuned, tmp_path, capsys
+):
+    work = _copy(tuned, tuner, tmp_path)
+    log = work / LOGS[tuner]
+    lines = log.read_text().splitlines(keepends=True)
+    cut = lines[-1][: len(lines[-1]) // 2]  # a hard kill while the last record was written
+    log.write_text("".join(lines[:-1]) + cut)
+    assert main(["status", "--work-dir", str(work)]) == 0
+    assert "2 valid measurements" in capsys.readouterr().out  # the cut one is not counted
+    assert main(tune_argv(tiny, tuner, work, 3)) == 0
+    err = capsys.readouterr().err
+    assert (
+        f"relay-tasks: warning: {log}, line {len(lines)}: cut short (a crash or a full disk " in err
+    )
+    assert (work / f"{log.name}.damaged").read_text() == cut + "\n"
+    assert valid_count(work, tuner) == 3  # one measured again, the others kept
+    text, params = tiny
+    compiled = ["compile", str(text), "--params", str(params), "--work-dir", str(work),
+                "-o", str(tmp_path / "m.tar")]  # fmt: skip
+    assert main(compiled) == 0
+
+
+@pytest.mark.parametrize("tuner", TUNERS)
+def test_a_damaged_line_before_the_last_is_one_error_naming_it(
+    tuner, tiny, tuned, tmp_path, capsys
+):
+    work = _copy(tuned, tuner, tmp_path)
+    log = work / LOGS[tuner]
+    lines = log.read_text().splitlines(keepends=True)
+    log.write_text(lines[0] + "{not json\n" + "".join(lines[1:]))
+    for argv in (["status", "--work-dir", str(work)], tune_argv(tiny, tuner, work, 5)):
+        assert main(argv) == 3
+        err = capsys.readouterr().err
+        assert err.startswith(f"relay-tasks: error: {log}, line 2: not a record the tuner wrote (")
+        assert err.endswith("remove that line, or restore the file, and run again\n")
+        assert len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("tuner", TUNERS)
+def test_a_record_the_tuner_cannot_read_is_one_error_naming_it(tuner, tuned, tmp_path, capsys):
+    """Valid JSON, but not a record: the readers' own exceptions become one line."""
+    work = _copy(tuned, tuner, tmp_path)
+    log = work / LOGS[tuner]
+    lines = log.read_text().splitlines(keepends=True)
+    log.write_text(lines[0] + '{"i": [1, 2], "input": 3}\n' + "".join(lines[1:]))
+    assert main(["status", "--work-dir", str(work)]) == 3
+    err = capsys.readouterr().err
+    assert err.startswith(f"relay-tasks: error: {log}, line 2: not a record the tuner wrote (")
+    assert len(err.splitlines()) == 1
