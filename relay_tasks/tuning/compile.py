@@ -101,15 +101,38 @@ def random_inputs(mod: Any, params: Any) -> dict[str, np.ndarray[Any, Any]]:
 
 @dataclass(frozen=True)
 class Run:
-    seconds: float
+    """The model's latency over repeats (seconds each) and its outputs."""
+
+    repeats: list[float]
     outputs: list[np.ndarray[Any, Any]]
+
+    @property
+    def seconds(self) -> float:
+        return float(np.median(self.repeats))
+
+    @property
+    def spread(self) -> tuple[float, float]:
+        """The middle half of the repeats (25th to 75th percentile), seconds."""
+        low, high = np.percentile(self.repeats, [25, 75])
+        return float(low), float(high)
+
+
+#: Repeats of a benchmark, and the shortest one: TVM's ``time_evaluator`` runs the model as
+#: often as a repeat needs to last that long, so a model of microseconds is timed over
+#: thousands of runs rather than one (ten single runs of one build measured 0.045-0.46 ms).
+REPEATS, MIN_REPEAT_MS = 20, 50
 
 
 def run(
-    factory: Any, inputs: dict[str, np.ndarray[Any, Any]], *, repeat: int = 10, remote: Any = None
+    factory: Any,
+    inputs: dict[str, np.ndarray[Any, Any]],
+    *,
+    repeat: int = REPEATS,
+    min_repeat_ms: int = MIN_REPEAT_MS,
+    remote: Any = None,
 ) -> Run:
-    """Mean latency over ``repeat`` runs (after one warm-up), and the outputs, on this machine's
-    CPU or on an RPC session's device."""
+    """Latency of each of ``repeat`` repeats (after a warm-up), and the outputs, on this
+    machine's CPU or on an RPC session's device."""
     import tvm
     from tvm.contrib import graph_executor
 
@@ -124,19 +147,34 @@ def run(
     graph = graph_executor.GraphModule(module["default"](device))
     for name, value in inputs.items():
         graph.set_input(name, value)
-    timing = graph.benchmark(device, number=1, repeat=repeat, end_to_end=False)
+    timing = graph.benchmark(device, number=1, repeat=repeat, min_repeat_ms=min_repeat_ms,
+                             end_to_end=False)  # fmt: skip
     graph.run()
     outputs = [graph.get_output(i).numpy() for i in range(graph.get_num_outputs())]
-    return Run(float(timing.mean), outputs)
+    return Run([float(s) for s in timing.results], outputs)
 
 
 def summary(tuned: Run, untuned: Run) -> str:
-    """Both latencies, and how far apart their outputs are on the same inputs: a tuned build
-    that is fast but computes something else shows here."""
-    ratio = untuned.seconds / tuned.seconds if tuned.seconds else float("inf")
+    """Both latencies as medians with the middle half of their repeats, which is faster in
+    words (no verdict where the two overlap), and how far apart their outputs are on the same
+    inputs: a tuned build that is fast but computes something else shows here."""
     apart = max_difference(tuned.outputs, untuned.outputs)
-    return (f"tuned {tuned.seconds * 1e3:.4f} ms, untuned {untuned.seconds * 1e3:.4f} ms "
-            f"({ratio:.2f}x); outputs differ by at most {apart:.3g}")  # fmt: skip
+    return (f"tuned {_timing(tuned)}, untuned {_timing(untuned)}: {_verdict(tuned, untuned)}; "
+            f"outputs differ by at most {apart:.3g}")  # fmt: skip
+
+
+def _timing(run: Run) -> str:
+    low, high = run.spread
+    middle = f"{low * 1e3:.4g}-{high * 1e3:.4g}"
+    return f"{run.seconds * 1e3:.4g} ms (middle half {middle}, {len(run.repeats)} repeats)"
+
+
+def _verdict(tuned: Run, untuned: Run) -> str:
+    if tuned.spread[1] < untuned.spread[0]:
+        return f"tuned is {untuned.seconds / tuned.seconds:.2f}x faster"
+    if untuned.spread[1] < tuned.spread[0]:
+        return f"tuned is {tuned.seconds / untuned.seconds:.2f}x slower"
+    return "no difference beyond the spread of the repeats"
 
 
 def max_difference(a: Sequence[np.ndarray[Any, Any]], b: Sequence[np.ndarray[Any, Any]]) -> float:

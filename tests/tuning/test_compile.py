@@ -14,6 +14,13 @@ from relay_tasks.cli import main
 from relay_tasks.loaders import load_model
 from relay_tasks.tuning import compile as building
 
+_NUMBER = r"[0-9.]+(e-[0-9]+)?"
+_TIMING = rf"{_NUMBER} ms \(middle half {_NUMBER}-{_NUMBER}, 20 repeats\)"
+_VERDICT = r"tuned is [0-9.]+x (faster|slower)|no difference beyond the spread of the repeats"
+BENCHMARK_LINE = (
+    rf"tuned {_TIMING}, untuned {_TIMING}: ({_VERDICT}); outputs differ by at most [0-9.e-]+"
+)
+
 
 @pytest.mark.parametrize("tuner", ["meta_schedule", "autotvm", "ansor"])
 def test_compile_with_the_records(tuner: str, tuned: dict[str, Path], tiny, tmp_path, capsys):
@@ -28,10 +35,7 @@ def test_compile_with_the_records(tuner: str, tuned: dict[str, Path], tiny, tmp_
     count = len(chosen.tasks)
     assert err == f"relay-tasks: the records cover {count} of the model's {count} tasks\n"
     assert out.splitlines()[0].endswith(f"{count}/{count} tasks tuned, library in {library}")
-    assert re.fullmatch(
-        r"tuned [0-9.]+ ms, untuned [0-9.]+ ms \([0-9.]+x\); outputs differ by at most [0-9.e-]+",
-        out.splitlines()[1],
-    )
+    assert re.fullmatch(BENCHMARK_LINE, out.splitlines()[1])
     # The exported library runs and computes what the untuned build computes.
     inputs = building.random_inputs(mod, weights)
     factory = tvm.runtime.load_module(str(library))
@@ -76,11 +80,7 @@ def test_benchmark_through_a_tracker(tuned: dict[str, Path], tiny, tmp_path, cap
     finally:
         server.terminate()
         tracker.terminate()
-    line = capsys.readouterr().out.splitlines()[1]
-    assert re.fullmatch(
-        r"tuned [0-9.]+ ms, untuned [0-9.]+ ms \([0-9.]+x\); outputs differ by at most [0-9.e-]+",
-        line,
-    )
+    assert re.fullmatch(BENCHMARK_LINE, capsys.readouterr().out.splitlines()[1])
 
 
 def test_random_inputs_of_an_untyped_module() -> None:
@@ -95,3 +95,18 @@ def test_random_inputs_of_an_untyped_module() -> None:
         "data": ((2, 8), "float32"),
         "ids": ((2,), "int64"),
     }
+
+
+@pytest.mark.parametrize(
+    ("tuned", "untuned", "said"),
+    [
+        ([1.0, 1.1, 1.2, 1.3], [2.0, 2.1, 2.2, 2.3], "tuned is 1.87x faster"),
+        ([2.0, 2.1, 2.2, 2.3], [1.0, 1.1, 1.2, 1.3], "tuned is 1.87x slower"),
+        ([1.0, 1.5, 2.0, 2.5], [1.4, 1.6, 1.8, 2.0], "no difference beyond the spread"),
+    ],
+)
+def test_the_benchmark_says_which_is_faster_only_beyond_the_spread(tuned, untuned, said) -> None:
+    outputs = [np.zeros(2, "float32")]
+    line = building.summary(building.Run(tuned, outputs), building.Run(untuned, outputs))
+    assert said in line
+    assert line.startswith(f"tuned {np.median(tuned) * 1e3:.4g} ms (middle half ")
