@@ -59,6 +59,27 @@ def start_server(
     )
 
 
+def tracker_summary(address: tuple[str, int], timeout: float) -> dict[str, Any]:
+    """The tracker's summary (its queue per key, its servers), each step bounded by ``timeout``
+    seconds: TVM's own client retries a silent tracker for minutes."""
+    import socket
+    import struct
+
+    from tvm.rpc import base
+    from tvm.rpc.tracker import TrackerCode
+
+    with socket.create_connection(address, timeout=timeout) as sock:
+        sock.sendall(struct.pack("<i", base.RPC_TRACKER_MAGIC))
+        (magic,) = struct.unpack("<i", base.recvall(sock, 4))
+        if magic != base.RPC_TRACKER_MAGIC:
+            raise ConnectionError("what answers there is no TVM RPC tracker")
+        base.sendjson(sock, [TrackerCode.SUMMARY])
+        code, summary = base.recvjson(sock)
+    if code != TrackerCode.SUCCESS or not isinstance(summary, dict):
+        raise ConnectionError("the tracker gave no summary")
+    return summary
+
+
 def start_tracker(*, host: str = "127.0.0.1", port: int = 9190) -> Any:
     """Start a TVM RPC tracker on ``host``; returns ``tvm.rpc.tracker.Tracker``."""
     from tvm.rpc.tracker import Tracker

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -204,6 +205,7 @@ def tune(
             # Ansor's scheduler measures every task before it weighs them: not fewer than that.
             num_measure_trials=max(budget, len(tasks)),
             num_measures_per_round=per_round,
+            builder=auto_scheduler.LocalBuilder(timeout=_seconds(runner)),  # --timeout bounds both
             runner=_runner(runner),
             measure_callbacks=[auto_scheduler.RecordToFile(str(log))],
         ),
@@ -261,9 +263,14 @@ def build(mod: Any, target: Target, params: Any, work_dir: Path) -> Any:
 
 def _runner(runner: Runner) -> Any:
     if runner.tracker is None:
-        return auto_scheduler.LocalRunner(repeat=1, timeout=int(runner.timeout))
+        return auto_scheduler.LocalRunner(repeat=1, timeout=_seconds(runner))
     host, port = runner.tracker
-    return auto_scheduler.RPCRunner(runner.key, host, port, repeat=1, timeout=int(runner.timeout))
+    return auto_scheduler.RPCRunner(runner.key, host, port, repeat=1, timeout=_seconds(runner))
+
+
+def _seconds(runner: Runner) -> int:
+    """Ansor takes whole seconds; a fraction of one rounds up, never to no time at all."""
+    return max(1, math.ceil(runner.timeout))
 
 
 ADAPTER = Adapter(

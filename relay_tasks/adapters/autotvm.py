@@ -319,17 +319,22 @@ def _measure_option(runner: Runner) -> Iterator[Any]:
     if runner.tracker is not None:
         host, port = runner.tracker
         rpc = autotvm.RPCRunner(runner.key, host, port, **options)
-        yield autotvm.measure_option(builder=autotvm.LocalBuilder(), runner=rpc)
+        yield autotvm.measure_option(builder=_builder(runner), runner=rpc)
         return
     tracker = start_tracker()
     key = "relay-tasks-local"
     server = start_server(("127.0.0.1", tracker.port), key, port=9300)
     try:
         rpc = autotvm.RPCRunner(key, "127.0.0.1", tracker.port, **options)
-        yield autotvm.measure_option(builder=autotvm.LocalBuilder(), runner=rpc)
+        yield autotvm.measure_option(builder=_builder(runner), runner=rpc)
     finally:
         server.terminate()
         tracker.terminate()
+
+
+def _builder(runner: Runner) -> Any:
+    """``--timeout`` bounds each build as it bounds each run."""
+    return autotvm.LocalBuilder(timeout=runner.timeout)
 
 
 def measurements(work_dir: Path) -> list[Measurement]:

@@ -327,6 +327,7 @@ def tune(
         max_trials_global=budget,
         # Small enough that the warm-up round (one batch per task) reaches every task.
         num_trials_per_iter=max(1, min(BATCH, budget // len(tasks))),
+        builder=ms.builder.LocalBuilder(timeout_sec=runner.timeout),  # --timeout bounds both
         runner=_runner(runner),
         database=ms.database.JSONDatabase(work_dir=str(work_dir)),
         measure_callbacks=[

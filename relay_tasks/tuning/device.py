@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import platform
 import re
+import time
 from typing import Any
 
-from ..errors import TargetError
+from ..errors import TargetError, TuningError
 
 #: Target kinds that measure on a device other than this CPU.
 GPU_KINDS = frozenset({"cuda", "rocm", "vulkan", "opencl", "metal"})
@@ -65,6 +66,47 @@ def check_runs_here(target: Any, *, doing: str) -> None:
             f"(--rpc-tracker HOST:PORT --rpc-key KEY), or use this machine's target: "
             f"--target '{host_target()}'"
         )
+
+
+#: Seconds a tracker gets to answer, and a device to show up free there, before a tune starts.
+TRACKER_TIMEOUT = 5.0
+
+
+def check_tracker(tracker: tuple[str, int], key: str) -> None:
+    """Raise :class:`TuningError` unless the tracker answers and a server with ``key`` is free
+    there within :data:`TRACKER_TIMEOUT` seconds: a wrong address, a mistyped key or a dead
+    device otherwise waits in silence for minutes."""
+    deadline = time.monotonic() + TRACKER_TIMEOUT
+    while True:
+        problem = _tracker_problem(tracker, key)
+        if problem is None:
+            return
+        if time.monotonic() >= deadline:
+            raise TuningError(problem)
+        time.sleep(0.25)
+
+
+def _tracker_problem(tracker: tuple[str, int], key: str) -> str | None:
+    """Why no measurement can start at ``tracker`` under ``key`` now, or None."""
+    from ..rpc import tracker_summary
+
+    where = f"{tracker[0]}:{tracker[1]}"
+    try:
+        summary = tracker_summary(tracker, TRACKER_TIMEOUT)
+    except (OSError, ValueError) as err:
+        why = err.strerror if isinstance(err, OSError) and err.strerror else str(err) or "no answer"
+        return (f"no RPC tracker answers at {where} ({why}); start one "
+                "(python -m tvm.exec.rpc_tracker) or fix --rpc-tracker")  # fmt: skip
+    queues = summary.get("queue_info", {})
+    if key not in queues:
+        known = ", ".join(sorted(queues)) or "none"
+        return (
+            f"no device is registered at {where} under --rpc-key {key!r} (keys there: "
+            f"{known}); start relay-tasks serve on the device with it, or fix --rpc-key"
+        )
+    if not int(queues[key].get("free", 0)):
+        return f"every device under --rpc-key {key!r} at {where} is busy; wait for them, or add one"
+    return None
 
 
 def target_arch(target: Any) -> str:

@@ -31,7 +31,7 @@ from ..adapters.base import Runner
 from ..errors import ModelError, TuningError, TuningInterrupted, UsageError, describe_text
 from ..export import TaskFile, dumps, load_tasks, tasks_document
 from ..inputs import TargetLike, as_target
-from .device import check_runs_here
+from .device import check_runs_here, check_tracker
 from .lock import held
 from .logs import set_aside_cut_lines
 from .records import Standing, standing
@@ -76,6 +76,8 @@ def tune(
     runner = Runner(parse_tracker(rpc_tracker, rpc_key), rpc_key, timeout)
     if runner.tracker is None:
         check_runs_here(tgt, doing="measure")
+    else:
+        check_tracker(runner.tracker, str(rpc_key))
     folder = work_folder(work_dir)
     with held(folder, "tune", exclusive=True) as lock:
         check_same_tuning(folder, adapter, tgt)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -103,3 +104,38 @@ def test_the_examples_in_target_errors_are_accepted(tiny, capsys) -> None:
     assert examples, err
     for example in examples[0]:
         assert main(["extract", str(text), "--params", str(params), "--target", example]) == 0
+
+
+def test_no_tracker_is_one_line_within_seconds(tiny, tmp_path, capsys) -> None:
+    import socket
+
+    with socket.socket() as unused:  # a port nothing listens on
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    argv = [*tune_argv(tiny, "autotvm", tmp_path / "w", 2), "--rpc-tracker", f"127.0.0.1:{port}",
+            "--rpc-key", "k"]  # fmt: skip
+    started = time.monotonic()
+    assert main(argv) == 7
+    assert time.monotonic() - started < 30
+    err = capsys.readouterr().err
+    assert err == (f"relay-tasks: error: no RPC tracker answers at 127.0.0.1:{port} (Connection "
+                   "refused); start one (python -m tvm.exec.rpc_tracker) or fix --rpc-tracker\n")  # fmt: skip
+
+
+def test_a_key_without_a_device_is_one_line_within_seconds(tiny, tmp_path, capsys) -> None:
+    from relay_tasks.rpc import start_server, start_tracker
+
+    tracker = start_tracker()
+    server = start_server(("127.0.0.1", tracker.port), "the-device", port=9700)
+    try:
+        argv = [*tune_argv(tiny, "ansor", tmp_path / "w", 2), "--rpc-tracker",
+                f"127.0.0.1:{tracker.port}", "--rpc-key", "the-devise"]  # fmt: skip
+        started = time.monotonic()
+        assert main(argv) == 7
+        assert time.monotonic() - started < 30
+    finally:
+        server.terminate()
+        tracker.terminate()
+    err = capsys.readouterr().err
+    assert err.startswith(f"relay-tasks: error: no device is registered at 127.0.0.1:{tracker.port} "
+                          "under --rpc-key 'the-devise' (keys there: the-device); ")  # fmt: skip

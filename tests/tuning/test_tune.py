@@ -218,3 +218,11 @@ def test_serve_stops_its_server_on_sigterm() -> None:
         assert [c for c in children if Path(f"/proc/{c}").exists()] == []
     finally:
         tracker.terminate()
+
+
+def test_the_timeout_bounds_builds_as_it_bounds_runs() -> None:
+    from relay_tasks.adapters import ansor, autotvm
+    from relay_tasks.adapters.base import Runner
+
+    assert autotvm._builder(Runner(timeout=3.5)).timeout == 3.5
+    assert ansor._seconds(Runner(timeout=0.2)) == 1 and ansor._seconds(Runner(timeout=7.5)) == 8
