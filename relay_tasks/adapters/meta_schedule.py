@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
@@ -315,7 +316,9 @@ def tune(
         ).clone()
         for t, logger, seed in zip(
             tasks,
-            ms.logging.get_loggers_from_work_dir(str(work_dir), [t.name for t in tasks]),
+            ms.logging.get_loggers_from_work_dir(
+                str(work_dir), [_file_part(t.name) for t in tasks]
+            ),
             ms.utils.fork_seed(None, n=len(tasks)),
             strict=True,
         )
@@ -335,6 +338,12 @@ def tune(
             _ErrorLog(work_dir),
         ],
     )
+
+
+def _file_part(name: str) -> str:
+    """A task name as part of a log file's name: MetaSchedule names each task's log after it, so
+    a name from a task file (``../../x``) would otherwise place that log anywhere."""
+    return re.sub(r"[^A-Za-z0-9_]", "_", name)
 
 
 #: Measurements per round: what an interrupt can lose, and the overshoot past the budget.

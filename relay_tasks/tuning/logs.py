@@ -17,8 +17,21 @@ from pathlib import Path
 from ..adapters import Adapter
 from ..errors import DamagedRecordWarning, TuningError, warn
 
+#: What the tuners write into a work dir besides their records: MetaSchedule's per-task logs
+#: folder and its failure causes, Ansor's latency estimates.
+OTHER_OUTPUTS = ("logs", "meta_schedule_errors.jsonl", "total_latency.tsv")
 #: What a set-aside line's file is called: the log's name and this suffix.
 DAMAGED_SUFFIX = ".damaged"
+
+
+def refuse_links(folder: Path, adapter: Adapter) -> None:
+    """The tuners append to their logs by name, following a symbolic link: a work dir from
+    elsewhere whose ``autotvm.log`` points at a file of the user's would have records appended
+    to that file. Such a log is refused before any tuner opens it."""
+    for name in (*adapter.logs, *OTHER_OUTPUTS):
+        if (folder / name).is_symlink():
+            raise TuningError(f"{folder / name} is a symbolic link; a work dir's records are "
+                              "written only inside it: remove the link")  # fmt: skip
 
 
 def set_aside_cut_lines(folder: Path, adapter: Adapter) -> None:

@@ -13,11 +13,13 @@ progress line on a terminal, read from the records as they grow.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -33,7 +35,7 @@ from ..export import TaskFile, dumps, load_tasks, tasks_document
 from ..inputs import TargetLike, as_target
 from .device import check_runs_here, check_tracker
 from .lock import held
-from .logs import set_aside_cut_lines
+from .logs import refuse_links, set_aside_cut_lines
 from .records import Standing, standing
 
 #: The tasks being tuned, as a task file: the worker reads them, ``status`` and ``compile`` too.
@@ -81,6 +83,7 @@ def tune(
     folder = work_folder(work_dir)
     with held(folder, "tune", exclusive=True) as lock:
         check_same_tuning(folder, adapter, tgt)
+        refuse_links(folder, adapter)
         set_aside_cut_lines(folder, adapter)
         document = tasks_document(tasks, tuner=adapter.name, target=tgt, models=_models(tasks))
         write_file(folder / TASKS_FILE, dumps(document) + "\n")
@@ -221,15 +224,24 @@ def _run_worker(
     """Run the worker to the end, or until a signal; returns that signal's number, if any.
 
     The worker inherits the work dir's lock (held while it lives, should this process die
-    first) and stops with this process (it watches its parent)."""
-    # In the work dir, so that whatever a tuner writes to its current directory lands there.
-    command = [sys.executable, "-m", "relay_tasks.tuning.worker", str(folder.resolve()),
+    first) and stops with this process (it watches its parent). It runs isolated (``python
+    -I``: no environment variables, no user site, no current directory on its import path) in
+    a private, empty scratch directory, as does every process it starts (TVM's builders and
+    runners import ``tvm.topi`` without relay-tasks, whose pickle cache then reads and writes
+    ``.pkl_memoize_py3`` in their current directory): nothing placed in the work dir is
+    imported or unpickled by any of them.
+    """
+    command = [sys.executable, "-I", "-m", "relay_tasks.tuning.worker", str(folder.resolve()),
                str(trials), json.dumps(asdict(runner)), str(os.getpid())]  # fmt: skip
-    with open(folder / LOG_FILE, "ab") as log, _signals() as stop:
+    with (
+        _open_log(folder / LOG_FILE) as log,
+        tempfile.TemporaryDirectory(prefix="relay-tasks-worker-") as scratch,
+        _signals() as stop,
+    ):
         log.write(f"\n=== relay-tasks tune, {time.strftime('%Y-%m-%d %H:%M:%S')} ===\n".encode())
         log.flush()
         child = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                 cwd=folder, start_new_session=True,
+                                 cwd=scratch, start_new_session=True,
                                  pass_fds=() if lock is None else (lock,))  # fmt: skip
         try:
             while child.poll() is None and not stop:
@@ -244,6 +256,17 @@ def _run_worker(
         raise TuningError(f"{adapter.name} tuning failed: {_last_failure(folder / LOG_FILE)} "
                           f"(details in {folder / LOG_FILE})")  # fmt: skip
     return None
+
+
+def _open_log(path: Path) -> Any:
+    """The tuner's log, appended to; a symbolic link there is refused, not followed (a work dir
+    from elsewhere could point it at any file of the user's)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as err:
+        why = "it is a symbolic link" if err.errno == errno.ELOOP else err.strerror
+        raise TuningError(f"cannot write {path}: {why}") from err
+    return os.fdopen(fd, "ab")
 
 
 @contextmanager
