@@ -51,9 +51,12 @@ from .base import (
     Measurement,
     Runner,
     TunerTask,
+    append_causes,
     compact_json,
     damaged,
+    failure_cause,
     load_tvm_json,
+    read_causes,
     record_lines,
     refuse_named_calls,
     valid_for,
@@ -207,10 +210,30 @@ def tune(
             num_measures_per_round=per_round,
             builder=auto_scheduler.LocalBuilder(timeout=_seconds(runner)),  # --timeout bounds both
             runner=_runner(runner),
-            measure_callbacks=[auto_scheduler.RecordToFile(str(log))],
+            measure_callbacks=[auto_scheduler.RecordToFile(str(log)), _KeepCauses(work_dir)],
         ),
         search_policy_params=_search(budget),
     )
+
+
+#: The causes of failed measurements, one a line (Ansor's log keeps only an error code).
+ERRORS_FILE = "ansor_errors.jsonl"
+
+
+class _KeepCauses(auto_scheduler.measure.PythonBasedMeasureCallback):  # type: ignore[misc]
+    """Keep each failure's cause, in the order the log records the failures."""
+
+    def __init__(self, work_dir: Path) -> None:
+        super().__init__()
+        self.path = work_dir / ERRORS_FILE
+
+    def callback(self, policy: Any, inputs: Any, results: Any) -> None:
+        causes = [failure_cause(str(res.error_msg)) for res in results if _failed(res)]
+        append_causes(self.path, causes)
+
+
+def _failed(result: Any) -> bool:
+    return int(result.error_no) != 0 or not list(result.costs)
 
 
 #: Most measurements per round: what an interrupt can lose.
@@ -230,6 +253,7 @@ def _search(budget: int) -> dict[str, Any]:
 
 def measurements(work_dir: Path) -> list[Measurement]:
     log = work_dir / "ansor.json"
+    causes = read_causes(work_dir / ERRORS_FILE)
     result = []
     codes = {int(v): k for k, v in vars(auto_scheduler.measure.MeasureErrorNo).items()
              if isinstance(v, int)}  # fmt: skip
@@ -244,9 +268,8 @@ def measurements(work_dir: Path) -> list[Measurement]:
         if error_no == 0 and costs:
             result.append(Measurement(task_key, sum(costs) / len(costs)))
         else:
-            # Ansor's records keep the error code, never its message: the worker's output has it.
             name = codes.get(error_no, f"error {error_no}")
-            result.append(Measurement(task_key, None, f"{name}: see tune.log"))
+            result.append(Measurement(task_key, None, f"{name}: {next(causes)}"))
     return result
 
 
@@ -274,8 +297,9 @@ def _seconds(runner: Runner) -> int:
 
 
 ADAPTER = Adapter(
-    NAME, extract, encode, decode, key, merge, tune, measurements, flops, build, ("ansor.json",)
-)
+    NAME, extract, encode, decode, key, merge, tune, measurements, flops, build,
+    ("ansor.json", ERRORS_FILE),
+)  # fmt: skip
 
 
 def default_hardware_params(target: Target) -> Any:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,17 @@ from ..inputs import ParamsLike, TargetLike
 from ..ir import dunders_answered_in_python
 from ..pipeline import PassSettings
 from ..request import Request
-from .base import Adapter, Measurement, Runner, TunerTask, damaged, record_lines
+from .base import (
+    Adapter,
+    Measurement,
+    Runner,
+    TunerTask,
+    append_causes,
+    damaged,
+    failure_cause,
+    read_causes,
+    record_lines,
+)
 
 NAME = "autotvm"
 #: Upstream's extraction lowers with AlterOpLayout off: AutoTVM's templates expect that.
@@ -288,7 +298,7 @@ def tune(
                 n_trial=remaining,
                 early_stopping=None,
                 measure_option=measure,
-                callbacks=[autotvm.callback.log_to_file(str(log))],
+                callbacks=[autotvm.callback.log_to_file(str(log)), _keep_causes(work_dir)],
             )
 
 
@@ -332,6 +342,22 @@ def _measure_option(runner: Runner) -> Iterator[Any]:
         tracker.terminate()
 
 
+#: The causes of failed measurements, one a line (AutoTVM's log keeps only an error code).
+ERRORS_FILE = "autotvm_errors.jsonl"
+
+
+def _keep_causes(work_dir: Path) -> Callable[[Any, Any, Any], None]:
+    """An AutoTVM callback keeping each failure's cause (its result's costs hold the traceback
+    and the error) in the order the log records the failures."""
+
+    def keep(tuner: Any, inputs: Any, results: Any) -> None:
+        causes = [failure_cause(str(res.costs[-1]) if res.costs else "")
+                  for res in results if res.error_no != 0]  # fmt: skip
+        append_causes(work_dir / ERRORS_FILE, causes)
+
+    return keep
+
+
 def _builder(runner: Runner) -> Any:
     """``--timeout`` bounds each build as it bounds each run."""
     return autotvm.LocalBuilder(timeout=runner.timeout)
@@ -339,6 +365,7 @@ def _builder(runner: Runner) -> Any:
 
 def measurements(work_dir: Path) -> list[Measurement]:
     log = work_dir / "autotvm.log"
+    causes = read_causes(work_dir / ERRORS_FILE)
     result = []
     for number, line in record_lines(log):
         try:
@@ -348,8 +375,7 @@ def measurements(work_dir: Path) -> list[Measurement]:
             error = "" if res.error_no == 0 else autotvm.measure.MeasureErrorNo(res.error_no).name
         except Exception as err:  # AutoTVM's decoder raises what the line's fields make it raise
             raise damaged(log, number, describe_failure(err)) from err
-        # AutoTVM logs 1e9 s for every failure, never its cause: the worker's output has it.
-        result.append(Measurement(task_key, seconds, f"{error}: see tune.log" if error else ""))
+        result.append(Measurement(task_key, seconds, f"{error}: {next(causes)}" if error else ""))
     return result
 
 
@@ -370,5 +396,6 @@ def build(mod: Any, target: Target, params: Any, work_dir: Path) -> Any:
 
 
 ADAPTER = Adapter(
-    NAME, extract, encode, decode, key, merge, tune, measurements, flops, build, ("autotvm.log",)
-)
+    NAME, extract, encode, decode, key, merge, tune, measurements, flops, build,
+    ("autotvm.log", ERRORS_FILE),
+)  # fmt: skip

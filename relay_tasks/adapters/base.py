@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Sequence
+import os
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import tvm
 
-from ..errors import ModelError
+from ..errors import ModelError, describe_text
 
 
 @dataclass(frozen=True)
@@ -125,6 +126,34 @@ def damaged(path: Path, line: int, why: str) -> ModelError:
         f"{path}, line {line}: not a record the tuner wrote ({why}); remove that line, or "
         "restore the file, and run again"
     )
+
+
+def failure_cause(error: str) -> str:
+    """The line of a builder's or runner's report that says what went wrong (the last one is
+    often the command line that failed), at most 300 characters."""
+    lines = [line.strip() for line in error.splitlines() if "error" in line.lower()]
+    return (lines[-1] if lines else describe_text(error))[:300]
+
+
+def append_causes(path: Path, causes: Sequence[str]) -> None:
+    """Keep the causes of failed measurements, one JSON line each, in the order the tuner logs
+    the failures: no tuner keeps them with its records (a failure is 1e9 or 1e10 s)."""
+    if not causes:
+        return
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "a") as handle:
+        handle.write("".join(json.dumps({"error": cause}) + "\n" for cause in causes))
+
+
+def read_causes(path: Path) -> Iterator[str]:
+    """The causes :func:`append_causes` kept, in order, then ``"unknown error"`` for ever (for
+    failures logged before their causes were)."""
+    for _, line in record_lines(path):
+        record = json.loads(line)
+        cause = record.get("error") if isinstance(record, dict) else None
+        yield cause if isinstance(cause, str) else "unknown error"
+    while True:
+        yield "unknown error"
 
 
 def compact_json(text: str) -> str:

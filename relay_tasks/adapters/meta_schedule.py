@@ -26,7 +26,7 @@ from tvm.ir.supply import NameSupply
 from tvm.target import Target
 
 from ..cxx import std_sort
-from ..errors import ModelError, describe_text
+from ..errors import ModelError
 from ..extract import Task, run_extraction, warn_skipped_dynamic
 from ..inputs import ParamsLike, TargetLike
 from ..pipeline import PassSettings, extraction_scope
@@ -36,9 +36,12 @@ from .base import (
     Measurement,
     Runner,
     TunerTask,
+    append_causes,
     compact_json,
     damaged,
+    failure_cause,
     load_tvm_json,
+    read_causes,
     record_lines,
     refuse_named_calls,
     valid_for,
@@ -374,21 +377,9 @@ class _ErrorLog(ms.measure_callback.PyMeasureCallback):  # type: ignore[misc]  #
 
     def apply(self, task_scheduler: Any, task_id: int, measure_candidates: Any,
               builder_results: Any, runner_results: Any) -> None:  # fmt: skip
-        lines = []
-        for built, ran in zip(builder_results, runner_results, strict=True):
-            error = built.error_msg or ran.error_msg
-            if error:
-                lines.append(json.dumps({"task": int(task_id), "error": _cause(str(error))}))
-        if lines:
-            with open(self.path, "a") as handle:
-                handle.write("\n".join(lines) + "\n")
-
-
-def _cause(error: str) -> str:
-    """The line of a builder's or runner's report that says what went wrong (the last one is
-    often the command line that failed)."""
-    lines = [line.strip() for line in error.splitlines() if "error" in line.lower()]
-    return (lines[-1] if lines else describe_text(error))[:300]
+        errors = [built.error_msg or ran.error_msg
+                  for built, ran in zip(builder_results, runner_results, strict=True)]  # fmt: skip
+        append_causes(self.path, [failure_cause(str(e)) for e in errors if e])
 
 
 def measurements(work_dir: Path) -> list[Measurement]:
@@ -404,7 +395,7 @@ def measurements(work_dir: Path) -> list[Measurement]:
     if not records.exists():
         return []
     keys = [_workload_key(workloads, n, line) for n, line in record_lines(workloads)]
-    errors = iter(_causes(work_dir / ERRORS_FILE))
+    errors = read_causes(work_dir / ERRORS_FILE)
     result = []
     for number, line in record_lines(records):
         try:
@@ -414,7 +405,7 @@ def measurements(work_dir: Path) -> list[Measurement]:
         except (TypeError, ValueError, IndexError, ZeroDivisionError) as err:
             raise damaged(records, number, f"{type(err).__name__}: {err}") from err
         failed = seconds is None or seconds >= 1e9  # MetaSchedule's mark of a failed run
-        error = next(errors, "unknown error") if failed else ""
+        error = next(errors) if failed else ""
         result.append(Measurement(task_key, None if failed else seconds, error))
     return result
 
@@ -424,16 +415,6 @@ def _workload_key(path: Path, number: int, line: str) -> str:
         return f"{int(json.loads(line)[0]) & (2**64 - 1):016x}"
     except (TypeError, ValueError, IndexError, KeyError) as err:
         raise damaged(path, number, f"{type(err).__name__}: {err}") from err
-
-
-def _causes(path: Path) -> list[str]:
-    """The causes :class:`_ErrorLog` kept, one per failed measurement, in order."""
-    causes = []
-    for _, line in record_lines(path):
-        record = json.loads(line)
-        cause = record.get("error") if isinstance(record, dict) else None
-        causes.append(cause if isinstance(cause, str) else "unknown error")
-    return causes
 
 
 def flops(task: ms.ExtractedTask) -> float:
@@ -464,6 +445,7 @@ def _runner(runner: Runner) -> Any:
     return ms.runner.RPCRunner(config)
 
 
-#: The JSON database: workloads (a task's TIR a line), and records pointing into them.
-LOGS = ("database_workload.json", "database_tuning_record.json")
+#: The JSON database (workloads, a task's TIR a line, and records pointing into them) and the
+#: failures' causes.
+LOGS = ("database_workload.json", "database_tuning_record.json", ERRORS_FILE)
 ADAPTER = Adapter(NAME, extract, encode, decode, key, merge, tune, measurements, flops, build, LOGS)

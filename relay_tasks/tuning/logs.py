@@ -17,9 +17,9 @@ from pathlib import Path
 from ..adapters import Adapter
 from ..errors import DamagedRecordWarning, TuningError, warn
 
-#: What the tuners write into a work dir besides their records: MetaSchedule's per-task logs
-#: folder and its failure causes, Ansor's latency estimates.
-OTHER_OUTPUTS = ("logs", "meta_schedule_errors.jsonl", "total_latency.tsv")
+#: What the tuners write into a work dir besides their logs: MetaSchedule's per-task logs
+#: folder, Ansor's latency estimates.
+OTHER_OUTPUTS = ("logs", "total_latency.tsv")
 #: What a set-aside line's file is called: the log's name and this suffix.
 DAMAGED_SUFFIX = ".damaged"
 

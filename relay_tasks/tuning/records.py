@@ -7,6 +7,7 @@ after that (progress, summaries, coverage, the latency estimate) is tuner-neutra
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -22,6 +23,7 @@ class TaskRecord:
     failed: int
     best: float | None  # seconds, over valid measurements
     first_error: str
+    causes: tuple[tuple[str, int], ...] = ()  # failures' causes, the most common first
 
     @property
     def trials(self) -> int:
@@ -76,6 +78,7 @@ def standing(tasks: Sequence[TunerTask], measurements: Sequence[Measurement]) ->
                 failed=len(mine) - len(good),
                 best=min(good) if good else None,  # type: ignore[type-var]
                 first_error=errors[0] if errors else "",
+                causes=tuple(Counter(errors).most_common()),
             )
         )
     return Standing(rows)

@@ -26,7 +26,24 @@ def format_status(now: Standing, flops: Sequence[float]) -> str:
                      f"{best * 1e3:.4g}" if best is not None else "-", share))  # fmt: skip
     lines = aligned(rows, left={1})
     lines.append(_summary(now))
+    lines += _failures(now)
     return "\n".join(lines)
+
+
+#: The causes ``status`` shows per task with failures, most common first.
+SHOWN_CAUSES = 2
+
+
+def _failures(now: Standing) -> list[str]:
+    """Why each task's failed measurements failed, the most common causes first."""
+    lines = []
+    for index, record in enumerate(now.tasks):
+        if record.causes:
+            shown = "; ".join(f"{n}x {cause}" for cause, n in record.causes[:SHOWN_CAUSES])
+            more = len(record.causes) - SHOWN_CAUSES
+            lines.append(f"failed #{index} {record.task.name}: {shown}"
+                         + (f"; and {more} other causes" if more > 0 else ""))  # fmt: skip
+    return lines
 
 
 def _summary(now: Standing) -> str:

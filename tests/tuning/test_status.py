@@ -17,7 +17,10 @@ def test_status_of_a_work_dir(tuner: str, tuned: dict[str, Path], tiny, capsys) 
     work = tuned[tuner]
     assert main(["status", "--work-dir", str(work)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    header, rows, last = lines[0].split(), lines[1:-1], lines[-1]
+    end = next(i for i, line in enumerate(lines) if " valid measurements" in line)
+    header, rows, last = lines[0].split(), lines[1:end], lines[end]
+    # Then the causes of each task's failures, if it has any.
+    assert all(re.match(r"failed #\d+ \S+: \d+x \S", line) for line in lines[end + 1 :])
     assert header == ["#", "task", "weight", "GFLOP", "trials", "valid", "failed", "best", "ms",
                       "share"]  # fmt: skip
     raw = raw_measurements(work, tuner)
@@ -49,3 +52,46 @@ def test_plot(tuned: dict[str, Path], tmp_path: Path) -> None:
 def test_status_of_a_folder_that_is_no_work_dir(tmp_path: Path, capsys) -> None:
     assert main(["status", "--work-dir", str(tmp_path)]) == 2
     assert "is not a relay-tasks work dir" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("tuner", ["meta_schedule", "autotvm"])
+def test_the_causes_of_failures_are_kept_and_shown(tuner, tiny, tmp_path, capsys) -> None:
+    """Every build outlives a 0.1 ms timeout: each failure's cause is in the work dir, and
+    status shows the most common ones per task."""
+    from tuned_models import tune_argv
+
+    work = tmp_path / "w"
+    assert main([*tune_argv(tiny, tuner, work, 2), "--timeout", "0.0001"]) == 7
+    capsys.readouterr()
+    assert main(["status", "--work-dir", str(work)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    (shown,) = [line for line in out if line.startswith("failed #0 ")]
+    count, cause = re.fullmatch(r"failed #0 \S+: (\d+)x (.+?)(; .*)?", shown).group(1, 2)
+    assert int(count) >= 1 and "unknown error" not in cause and "see tune.log" not in cause
+    assert "timeout" in cause.lower() or "time" in cause.lower(), cause
+
+
+def test_ansor_keeps_each_failures_cause_in_order(tuned, tmp_path) -> None:
+    """Ansor's callback keeps the message of each failed result; the reader pairs the n-th
+    failed record with the n-th cause."""
+    import json
+    import shutil
+    from types import SimpleNamespace
+
+    from relay_tasks.adapters import ansor
+
+    work = tmp_path / "w"
+    shutil.copytree(tuned["ansor"], work)
+    keep = ansor._KeepCauses(work)
+    failed = SimpleNamespace(error_no=7, costs=[], error_msg="Traceback\nRuntimeError: boom")
+    fine = SimpleNamespace(error_no=0, costs=[1e-5], error_msg="")
+    keep.callback(None, [], [fine, failed, fine])
+    log = work / "ansor.json"
+    record = json.loads(log.read_text().splitlines()[0])
+    record["r"][1] = 7  # RUN_TIMEOUT
+    with log.open("a") as handle:
+        handle.write(json.dumps(record) + "\n")
+    measured = ansor.measurements(work)
+    assert measured[-1].error == "RUN_TIMEOUT: RuntimeError: boom"
+    # The real tune's own failures (states that fail to instantiate) have their causes too.
+    assert all(": " in m.error and "unknown" not in m.error for m in measured if m.error)
