@@ -382,7 +382,11 @@ def _serve(args: argparse.Namespace) -> int:
 def format_table(tasks: list[TunerTask], flops: Sequence[float], *, several: bool = False) -> str:
     """Per task: index, name, weight, GFLOP per call, share of the model's FLOPs (weight x
     GFLOP), anchor op, and the models that use it when there are several."""
-    total = sum(t.weight * f for t, f in zip(tasks, flops, strict=True))
+    # Alternative implementations of one function (AutoTVM's dense_nopack, dense_pack) count once.
+    once: dict[str, float] = {}
+    for t, f in zip(tasks, flops, strict=True):  # the larger count, where two count differently
+        once[t.alternatives_of] = max(once.get(t.alternatives_of, 0.0), t.weight * f)
+    total = sum(once.values())
     header = ("#", "task", "weight", "GFLOP", "share", "anchor op") + (
         ("models",) if several else ()
     )

@@ -59,6 +59,7 @@ def tasks_document(
                 "gflop": round(adapter.flops(task.native) / 1e9, 6),
                 "key": task.key,
                 "models": list(task.models),
+                "group": task.group,
                 "payload": adapter.encode(task.native),
             }
             for index, task in enumerate(tasks)
@@ -135,7 +136,10 @@ def _task(adapter: Adapter, entry: dict[str, Any], target: Target, index: int) -
         raise _Damaged(f"{where}: its payload is not the task its key names "
                        f"(key {entry['key']}, payload {key}); {HOW_TO_REWRITE}")  # fmt: skip
     models = tuple(entry["models"])
-    return TunerTask(entry["name"], entry["weight"], entry["anchor_op"], key, native, models)
+    group = entry.get("group", "")  # files written before groups were kept have none
+    if not isinstance(group, str):
+        raise _Damaged(f'{where}: "group" is not a string')
+    return TunerTask(entry["name"], entry["weight"], entry["anchor_op"], key, native, models, group)
 
 
 _STRINGS = (

@@ -6,6 +6,8 @@ TFLite flatbuffer. Built once per session with seeded random weights; nothing is
 from __future__ import annotations
 
 import functools
+import subprocess
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -137,9 +139,16 @@ def _folder() -> str:
 
 @functools.cache
 def _from_get_network(name: str) -> Model:
+    """``get_network`` converts in a forked pool, whose child hangs in a process that has run
+    torch (its thread pool does not survive a fork): it runs first in a fresh process, filling
+    its own cache, which the call here then reads (upstream's code both times)."""
     from tvm.meta_schedule.testing.relay_workload import get_network
 
-    mod, params, _ = get_network(name, list(IMAGE))
+    cache = _folder()
+    build = (f"from tvm.meta_schedule.testing.relay_workload import get_network; "
+             f"get_network({name!r}, {list(IMAGE)!r}, cache_dir={cache!r})")  # fmt: skip
+    subprocess.run([sys.executable, "-c", build], cwd=cache, check=True, capture_output=True)
+    mod, params, _ = get_network(name, list(IMAGE), cache_dir=cache)
     return mod, dict(params.items())
 
 

@@ -18,7 +18,7 @@ from relay_tasks.loaders import load_model
 import oracles
 from zoo import CUDA, HOST, X86
 
-FIELDS = {"index", "name", "weight", "anchor_op", "gflop", "key", "models", "payload"}
+FIELDS = {"index", "name", "weight", "anchor_op", "gflop", "key", "models", "group", "payload"}
 # dense of 1x8 by 4x8 is 2*1*4*8 = 64 FLOPs (a multiply and an add each), bias 4, relu 4: 72.
 TINY_TABLE = """\
 #  task                        weight    GFLOP   share  anchor op

@@ -81,7 +81,7 @@ def test_task_files_round_trip(tuner: str, target: str, tmp_path: Path) -> None:
         str(tvm.target.Target(target)),
         ("m", "n"),
     )
-    fields = lambda t: (t.name, t.weight, t.anchor_op, t.key, t.models)  # noqa: E731
+    fields = lambda t: (t.name, t.weight, t.anchor_op, t.key, t.models, t.group)  # noqa: E731
     assert [fields(t) for t in loaded.tasks] == [fields(t) for t in tasks]
     for ours, back in zip(tasks, loaded.tasks, strict=True):
         if tuner == "meta_schedule":

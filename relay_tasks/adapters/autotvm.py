@@ -110,7 +110,14 @@ def extract(
     request = _request(mod, target, params, options.get("opt_level", 3), options.get("target_host"))
     pairs = _extract([request], options.get("ops"))
     return [
-        TunerTask(task.name, weight, source.anchor_op if source else "", key(task), task)
+        TunerTask(
+            task.name,
+            weight,
+            source.anchor_op if source else "",
+            key(task),
+            task,
+            group=source.key if source else "",
+        )
         for (source, task), weight in zip(pairs, _weights(pairs), strict=True)
     ]
 

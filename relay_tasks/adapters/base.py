@@ -21,7 +21,9 @@ class TunerTask:
     ``native`` is what the tuner itself consumes (a MetaSchedule ``ExtractedTask``, an AutoTVM
     ``Task`` or an Ansor ``SearchTask``); ``key`` identifies it across models and processes (two
     tasks with the same key and target are the same tuning problem); ``models`` names the models
-    that use it.
+    that use it. Tasks with the same non-empty ``group`` are alternative implementations of one
+    primitive function (AutoTVM's ``dense_nopack`` and ``dense_pack``): the build runs one of
+    them, so an estimate of the model counts the best of them once.
     """
 
     name: str
@@ -30,6 +32,12 @@ class TunerTask:
     key: str
     native: Any
     models: tuple[str, ...] = ()
+    group: str = ""
+
+    @property
+    def alternatives_of(self) -> str:
+        """What this task is one way of computing: its group, or itself."""
+        return self.group or self.key
 
 
 @dataclass(frozen=True)

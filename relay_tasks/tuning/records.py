@@ -50,15 +50,31 @@ class Standing:
 
     @property
     def untuned(self) -> list[TaskRecord]:
-        return [t for t in self.tasks if t.best is None]
+        """Tasks no valid measurement covers: not measured, nor any alternative of theirs."""
+        covered = {t.task.alternatives_of for t in self.tasks if t.best is not None}
+        return [t for t in self.tasks if t.task.alternatives_of not in covered]
+
+    @property
+    def chosen(self) -> list[TaskRecord]:
+        """The tasks a build with the best records runs: of alternative implementations of one
+        primitive function, the fastest measured."""
+        best: dict[str, TaskRecord] = {}
+        for t in self.tasks:
+            if t.best is None:
+                continue
+            held = best.get(t.task.alternatives_of)
+            if held is None or t.best < held.best:  # type: ignore[operator]
+                best[t.task.alternatives_of] = t
+        return list(best.values())
 
     @property
     def latency(self) -> float | None:
-        """The model's latency estimated from the best records (weight x best, summed); None
-        until every task has a valid measurement."""
+        """The model's latency estimated from the best records (weight x best of each task a
+        build runs, summed); None until every task, or an alternative of it, has a valid
+        measurement."""
         if not self.tasks or self.untuned:
             return None
-        return sum(t.task.weight * t.best for t in self.tasks if t.best is not None)
+        return sum(t.task.weight * t.best for t in self.chosen if t.best is not None)
 
 
 def standing(tasks: Sequence[TunerTask], measurements: Sequence[Measurement]) -> Standing:
@@ -88,14 +104,15 @@ def latency_by_trial(
     tasks: Sequence[TunerTask], measurements: Sequence[Measurement]
 ) -> list[tuple[int, float]]:
     """(measurements so far, estimated model latency) after each measurement, from the point
-    every task has a valid one: the curve ``status --plot`` draws."""
-    weights = {t.key: t.weight for t in tasks}
+    every task (or an alternative of it) has a valid one: the curve ``status --plot`` draws."""
+    group = {t.key: t.alternatives_of for t in tasks}
+    weights = {t.alternatives_of: t.weight for t in tasks}
     best: dict[str, float] = {}
     curve = []
     for count, m in enumerate(measurements, start=1):
-        if m.key in weights and m.valid:
-            seconds = float(m.seconds)  # type: ignore[arg-type]
-            best[m.key] = min(best.get(m.key, seconds), seconds)
+        if m.key in group and m.valid:
+            seconds, of = float(m.seconds), group[m.key]  # type: ignore[arg-type]
+            best[of] = min(best.get(of, seconds), seconds)
         if len(best) == len(weights):
-            curve.append((count, sum(weights[k] * s for k, s in best.items())))
+            curve.append((count, sum(weights[g] * s for g, s in best.items())))
     return curve

@@ -16,6 +16,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -253,9 +254,18 @@ def _run_worker(
     if stop:
         return stop[0]
     if child.returncode != 0:
+        free = shutil.disk_usage(folder).free
+        if free < FULL_DISK:  # TVM's writers fail with anything but "no space" when it is full
+            raise TuningError(f"the disk holding {folder} is full ({free} bytes free): free some "
+                              "space, then run the same command to resume (what was measured is "
+                              "kept)")  # fmt: skip
         raise TuningError(f"{adapter.name} tuning failed: {_last_failure(folder / LOG_FILE)} "
                           f"(details in {folder / LOG_FILE})")  # fmt: skip
     return None
+
+
+#: Free bytes below which a failed tune is put down to a full disk.
+FULL_DISK = 1 << 20
 
 
 def _open_log(path: Path) -> Any:

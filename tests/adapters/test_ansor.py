@@ -163,10 +163,12 @@ def test_a_shape_that_reads_a_tensor_is_one_extraction_error() -> None:
 
 def test_measurements_are_read_from_ansors_own_records(tmp_path) -> None:
     """Records written by Ansor's own writer: a valid one is its mean cost; a failure is named by
-    its error code (Ansor's records keep no message); costs of a failure never count."""
+    its error code and the cause tune kept beside the log (Ansor's records keep no message);
+    costs of a failure never count."""
     from tvm.auto_scheduler.measure import MeasureErrorNo, MeasureInput, MeasureResult
 
     from relay_tasks.adapters.ansor import measurements
+    from relay_tasks.adapters.base import append_causes
 
     mod, params = load("dense_softmax")
     rows = get_adapter("ansor").extract(mod, X86, params)
@@ -180,11 +182,12 @@ def test_measurements_are_read_from_ansors_own_records(tmp_path) -> None:
     ]
     inputs = [MeasureInput(t, t.compute_dag.get_init_state()) for t, _ in records]
     auto_scheduler.save_records(str(tmp_path / "ansor.json"), inputs, [r for _, r in records])
+    append_causes(tmp_path / "ansor_errors.jsonl", ["device lost"])  # what tune keeps
     got = [(m.key, m.seconds, m.error) for m in measurements(tmp_path)]
     assert got == [
         (rows[0].key, pytest.approx(2.5e-3), ""),
-        (rows[0].key, None, "RUNTIME_DEVICE: see tune.log"),
-        (rows[0].key, None, "NO_ERROR: see tune.log"),
+        (rows[0].key, None, "RUNTIME_DEVICE: device lost"),
+        (rows[0].key, None, "NO_ERROR: unknown error"),  # a failure logged before its cause
         (rows[1].key, pytest.approx(2e-3), ""),
     ]
 

@@ -180,10 +180,12 @@ def test_allotments_spend_only_the_missing_trials(trials, valid, spaces, plan) -
 
 def test_measurements_are_read_from_autotvms_own_log(tmp_path) -> None:
     """Records written by AutoTVM's encoder: a valid one is its mean cost, a failure names its
-    error (AutoTVM keeps no cause in the log), a record of another task keeps that task's key."""
+    error and the cause tune kept beside the log (AutoTVM keeps none in it), a record of another
+    task keeps that task's key."""
     from tvm.autotvm.measure import MeasureErrorNo, MeasureInput, MeasureResult
 
     from relay_tasks.adapters.autotvm import key, measurements
+    from relay_tasks.adapters.base import append_causes
 
     mod, params = load("dense_softmax")
     rows = get_adapter("autotvm").extract(mod, X86, params)
@@ -201,10 +203,12 @@ def test_measurements_are_read_from_autotvms_own_log(tmp_path) -> None:
         for t, r in records
     ]
     (tmp_path / "autotvm.log").write_text("\n".join(lines) + "\n")
+    assert measurements(tmp_path)[1].error == "RUNTIME_DEVICE: unknown error"  # no cause kept
+    append_causes(tmp_path / "autotvm_errors.jsonl", ["RuntimeError: x"])  # what tune keeps
     got = measurements(tmp_path)
     assert [(m.key, m.seconds, m.error) for m in got] == [
         (rows[0].key, pytest.approx(2.5e-3), ""),
-        (rows[0].key, None, "RUNTIME_DEVICE: see tune.log"),
+        (rows[0].key, None, "RUNTIME_DEVICE: RuntimeError: x"),
         (rows[1].key, pytest.approx(2e-3), ""),
     ]
     assert rows[0].key == key(first) != rows[1].key

@@ -272,9 +272,9 @@ def test_measurements_are_read_from_metaschedules_own_database(tmp_path) -> None
     ],
 )
 def test_the_cause_is_the_last_line_naming_an_error(report: str, cause: str) -> None:
-    from relay_tasks.adapters.meta_schedule import _cause
+    from relay_tasks.adapters.base import failure_cause
 
-    assert _cause(report) == cause
+    assert failure_cause(report) == cause
 
 
 @pytest.mark.xdist_group("tuning")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -34,7 +35,14 @@ def test_status_of_a_work_dir(tuner: str, tuned: dict[str, Path], tiny, capsys) 
             best[task] = min(best.get(task, seconds), seconds)
     weights = [int(r.split()[2]) for r in rows]
     assert len(best) == len(rows)
-    expected = sum(w * b for w, b in zip(weights, best.values(), strict=True)) * 1e3
+    # Alternatives of one function (AutoTVM's dense_nopack and dense_pack) count once: the best.
+    groups = [
+        t["group"] or t["key"] for t in json.loads((work / "tasks.json").read_text())["tasks"]
+    ]
+    once: dict[str, float] = {}
+    for group, weight, seconds in zip(groups, weights, best.values(), strict=True):
+        once[group] = min(once.get(group, weight * seconds), weight * seconds)
+    expected = sum(once.values()) * 1e3
     shown = float(re.search(r"estimated model latency ([0-9.e-]+) ms", last).group(1))
     assert shown == pytest.approx(expected, rel=1e-3, abs=1e-4)
     # Given the model, the same tasks come from extraction.
@@ -95,3 +103,39 @@ def test_ansor_keeps_each_failures_cause_in_order(tuned, tmp_path) -> None:
     assert measured[-1].error == "RUN_TIMEOUT: RuntimeError: boom"
     # The real tune's own failures (states that fail to instantiate) have their causes too.
     assert all(": " in m.error and "unknown" not in m.error for m in measured if m.error)
+
+
+def test_alternatives_of_one_function_count_once_in_every_estimate() -> None:
+    """AutoTVM's dense_nopack and dense_pack are two ways of computing one dense: a build runs
+    one of them, so the estimate takes the faster, and the slower shows as an alternative."""
+    from relay_tasks.adapters import TunerTask
+    from relay_tasks.adapters.base import Measurement
+    from relay_tasks.tuning import standing
+    from relay_tasks.tuning.records import latency_by_trial
+    from relay_tasks.tuning.status import format_status
+
+    nopack = TunerTask("dense_nopack.x86", 2, "nn.dense", "k1", None, group="f")
+    pack = TunerTask("dense_pack.x86", 2, "nn.dense", "k2", None, group="f")
+    relu = TunerTask("relu", 1, "nn.relu", "k3", None)
+    tasks = [nopack, pack, relu]
+    records = [Measurement("k1", 3e-3), Measurement("k3", 1e-3), Measurement("k2", 2e-3)]
+    assert standing(tasks, records[:1]).untuned == [standing(tasks, records[:1]).tasks[2]]
+    assert standing(tasks, records[:2]).latency == pytest.approx(2 * 3e-3 + 1e-3)
+    now = standing(tasks, records)
+    assert now.latency == pytest.approx(2 * 2e-3 + 1e-3)  # not 2 x 3 + 2 x 2 + 1
+    assert [r.task.name for r in now.chosen] == ["dense_pack.x86", "relu"]
+    shares = [line.split()[-1] for line in format_status(now, [1e9] * 3).splitlines()[1:4]]
+    assert shares == ["(alt.)", "80.0%", "20.0%"]
+    assert latency_by_trial(tasks, records) == [
+        (2, pytest.approx(7e-3)),
+        (3, pytest.approx(5e-3)),
+    ]
+
+
+def test_autotvm_alternatives_are_grouped_and_share_the_flops_once(tiny, capsys) -> None:
+    text, params = tiny
+    assert main(["extract", str(text), "--params", str(params), "--tuner", "autotvm"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]
+    assert {row[1] for row in rows} == {"dense_nopack.x86", "dense_pack.x86"}
+    shares = sorted(float(row[4].rstrip("%")) for row in rows)
+    assert shares[-1] == 100.0 and shares[0] > 90  # each is (about) the whole dense, not half
