@@ -84,6 +84,8 @@ UPSTREAM_ENTRY_POINTS: dict[str, Callable[[tvm.IRModule, dict, Any], Any]] = {
 }
 
 
+@pytest.mark.slow  # a torch conversion and upstream's extraction: 20-45 s a row; the small
+# graphs of test_dropin.py check the same binding against upstream in the default run
 @pytest.mark.xdist_group("get_network-resnet_18")
 @pytest.mark.parametrize("tuner", list(UPSTREAM_ENTRY_POINTS))
 def test_upstreams_get_network_through_the_drop_in(tuner: str) -> None:

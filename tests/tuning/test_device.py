@@ -12,6 +12,7 @@ import tvm
 import relay_tasks
 from relay_tasks.cli import main
 from relay_tasks.inputs import as_target
+from relay_tasks.tuning import device
 from relay_tasks.tuning.device import check_runs_here, missing_features
 
 from tuned_models import tune_argv
@@ -106,9 +107,10 @@ def test_the_examples_in_target_errors_are_accepted(tiny, capsys) -> None:
         assert main(["extract", str(text), "--params", str(params), "--target", example]) == 0
 
 
-def test_no_tracker_is_one_line_within_seconds(tiny, tmp_path, capsys) -> None:
+def test_no_tracker_is_one_line_within_seconds(tiny, tmp_path, capsys, monkeypatch) -> None:
     import socket
 
+    monkeypatch.setattr(device, "TRACKER_TIMEOUT", 1.0)
     with socket.socket() as unused:  # a port nothing listens on
         unused.bind(("127.0.0.1", 0))
         port = unused.getsockname()[1]
@@ -122,9 +124,10 @@ def test_no_tracker_is_one_line_within_seconds(tiny, tmp_path, capsys) -> None:
                    "refused); start one (python -m tvm.exec.rpc_tracker) or fix --rpc-tracker\n")  # fmt: skip
 
 
-def test_a_key_without_a_device_is_one_line_within_seconds(tiny, tmp_path, capsys) -> None:
+def test_a_key_without_a_device_is_one_line_within_seconds(tiny, tmp_path, capsys, monkeypatch):
     from relay_tasks.rpc import start_server, start_tracker
 
+    monkeypatch.setattr(device, "TRACKER_TIMEOUT", 2.0)
     tracker = start_tracker()
     server = start_server(("127.0.0.1", tracker.port), "the-device", port=9700)
     try:

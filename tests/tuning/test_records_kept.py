@@ -3,7 +3,6 @@ toward a budget, and survives a cut last line; other damage is one error naming 
 
 from __future__ import annotations
 
-import importlib
 import shutil
 from pathlib import Path
 
@@ -75,23 +74,6 @@ def test_records_of_another_model_fill_no_budget(tiny, tuned, tmp_path, capsys) 
     new = [seconds for _, seconds in after[len(before) :] if seconds is not None]
     assert len(new) >= 2
     assert "resuming" not in capsys.readouterr().err  # none of its tasks had records
-
-
-def test_a_resumed_tune_says_what_it_resumes_and_shows_progress_off_a_terminal(
-    tiny, tuned, tmp_path, capsys, monkeypatch
-) -> None:
-    supervisor = importlib.import_module(
-        "relay_tasks.tuning.tune"
-    )  # the package's tune is a function
-    monkeypatch.setattr(supervisor, "QUIET_INTERVAL", 0.5)
-    work = _copy(tuned, "meta_schedule", tmp_path)
-    assert main(tune_argv(tiny, "meta_schedule", work, 5)) == 0
-    err = capsys.readouterr().err.splitlines()
-    assert err[0] == (f"relay-tasks: resuming: 1 of 1 tasks already have valid records in {work} "
-                      "(3 valid measurements)")  # fmt: skip
-    progress = err[1:]
-    assert progress and all(line.startswith("relay-tasks: tuning task 1/1 | ") for line in progress)
-    assert valid_count(work, "meta_schedule") == 5
 
 
 @pytest.mark.parametrize("tuner", TUNERS)

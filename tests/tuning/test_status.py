@@ -62,7 +62,7 @@ def test_status_of_a_folder_that_is_no_work_dir(tmp_path: Path, capsys) -> None:
     assert "is not a relay-tasks work dir" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("tuner", ["meta_schedule", "autotvm"])
+@pytest.mark.parametrize("tuner", ["meta_schedule"])  # AutoTVM's and Ansor's: callbacks below
 def test_the_causes_of_failures_are_kept_and_shown(tuner, tiny, tmp_path, capsys) -> None:
     """Every build outlives a 0.1 ms timeout: each failure's cause is in the work dir, and
     status shows the most common ones per task."""
@@ -139,3 +139,19 @@ def test_autotvm_alternatives_are_grouped_and_share_the_flops_once(tiny, capsys)
     assert {row[1] for row in rows} == {"dense_nopack.x86", "dense_pack.x86"}
     shares = sorted(float(row[4].rstrip("%")) for row in rows)
     assert shares[-1] == 100.0 and shares[0] > 90  # each is (about) the whole dense, not half
+
+
+def test_autotvm_keeps_each_failures_cause_in_order(tmp_path) -> None:
+    """AutoTVM's result of a failure holds (traceback, error) where its costs would be."""
+    from types import SimpleNamespace
+
+    from relay_tasks.adapters import autotvm
+    from relay_tasks.adapters.base import read_causes
+
+    keep = autotvm._keep_causes(tmp_path)
+    failed = SimpleNamespace(error_no=6, costs=("Traceback ...", TimeoutError("build timed out")))
+    fine = SimpleNamespace(error_no=0, costs=(1e-5,))
+    keep(None, [], [fine, failed, fine])
+    causes = read_causes(tmp_path / autotvm.ERRORS_FILE)
+    assert next(causes) == "build timed out"
+    assert next(causes) == "unknown error"  # past the causes kept
