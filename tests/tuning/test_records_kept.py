@@ -29,6 +29,13 @@ def _copy(tuned: dict[str, Path], tuner: str, tmp_path: Path) -> Path:
     return work
 
 
+def _records(tuned: dict[str, Path], tuner: str, tmp_path: Path) -> tuple[Path, Path, list[str]]:
+    """A copy of the tuner's tuned work dir, its log, and the log's lines (ends kept)."""
+    work = _copy(tuned, tuner, tmp_path)
+    log = work / LOGS[tuner]
+    return work, log, log.read_text().splitlines(keepends=True)
+
+
 @pytest.mark.parametrize(
     ("tuner", "other"),
     [("meta_schedule", ["--tuner", "ansor"]), ("autotvm", ["--target", "{x86-64}"])],
@@ -80,9 +87,7 @@ def test_records_of_another_model_fill_no_budget(tiny, tuned, tmp_path, capsys) 
 def test_a_cut_last_line_is_set_aside_and_the_work_dir_goes_on(
     tuner, tiny, tuned, tmp_path, capsys
 ):
-    work = _copy(tuned, tuner, tmp_path)
-    log = work / LOGS[tuner]
-    lines = log.read_text().splitlines(keepends=True)
+    work, log, lines = _records(tuned, tuner, tmp_path)
     cut = lines[-1][: len(lines[-1]) // 2]  # a hard kill while the last record was written
     log.write_text("".join(lines[:-1]) + cut)
     assert main(["status", "--work-dir", str(work)]) == 0
@@ -104,9 +109,7 @@ def test_a_cut_last_line_is_set_aside_and_the_work_dir_goes_on(
 def test_a_damaged_line_before_the_last_is_one_error_naming_it(
     tuner, tiny, tuned, tmp_path, capsys
 ):
-    work = _copy(tuned, tuner, tmp_path)
-    log = work / LOGS[tuner]
-    lines = log.read_text().splitlines(keepends=True)
+    work, log, lines = _records(tuned, tuner, tmp_path)
     log.write_text(lines[0] + "{not json\n" + "".join(lines[1:]))
     for argv in (["status", "--work-dir", str(work)], tune_argv(tiny, tuner, work, 5)):
         assert main(argv) == 3
@@ -119,9 +122,7 @@ def test_a_damaged_line_before_the_last_is_one_error_naming_it(
 @pytest.mark.parametrize("tuner", TUNERS)
 def test_a_record_the_tuner_cannot_read_is_one_error_naming_it(tuner, tuned, tmp_path, capsys):
     """Valid JSON, but not a record: the readers' own exceptions become one line."""
-    work = _copy(tuned, tuner, tmp_path)
-    log = work / LOGS[tuner]
-    lines = log.read_text().splitlines(keepends=True)
+    work, log, lines = _records(tuned, tuner, tmp_path)
     log.write_text(lines[0] + '{"i": [1, 2], "input": 3}\n' + "".join(lines[1:]))
     assert main(["status", "--work-dir", str(work)]) == 3
     err = capsys.readouterr().err
