@@ -7,7 +7,7 @@ import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import tvm
 
@@ -148,9 +148,16 @@ def append_causes(path: Path, causes: Sequence[str]) -> None:
     the failures: no tuner keeps them with its records (a failure is 1e9 or 1e10 s)."""
     if not causes:
         return
+    with open_appending(path) as handle:
+        handle.write("".join(json.dumps({"error": cause}) + "\n" for cause in causes).encode())
+
+
+def open_appending(path: Path) -> BinaryIO:
+    """``path`` opened to append to, created if missing; a symbolic link there raises
+    ``OSError`` (ELOOP) instead of being followed: a work dir from elsewhere could point a log at
+    any file of the user's."""
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
-    with os.fdopen(fd, "a") as handle:
-        handle.write("".join(json.dumps({"error": cause}) + "\n" for cause in causes))
+    return os.fdopen(fd, "ab")
 
 
 def read_causes(path: Path) -> Iterator[str]:

@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 
 from ..adapters import Adapter
+from ..adapters.base import open_appending
 from ..errors import DamagedRecordWarning, TuningError, warn
 
 #: What the tuners write into a work dir besides their logs: MetaSchedule's per-task logs
@@ -45,7 +46,7 @@ def set_aside_cut_lines(folder: Path, adapter: Adapter) -> None:
         number, start, data = cut
         aside = path.with_name(path.name + DAMAGED_SUFFIX)
         try:
-            with open(aside, "ab") as keep:
+            with open_appending(aside) as keep:
                 keep.write(data.rstrip(b"\n") + b"\n")
             os.truncate(path, start)
         except OSError as err:

@@ -27,10 +27,10 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from ..adapters import ADAPTERS, Adapter, TunerTask, get_adapter
-from ..adapters.base import Runner
+from ..adapters.base import Runner, open_appending
 from ..errors import ModelError, TuningError, TuningInterrupted, UsageError, describe_text
 from ..export import TaskFile, dumps, load_tasks, tasks_document
 from ..inputs import TargetLike, as_target
@@ -128,15 +128,16 @@ def check_same_tuning(folder: Path, adapter: Adapter, target: Any) -> None:
     foreign = [name for other in ADAPTERS.values() if other.name != adapter.name
                for name in other.logs if (folder / name).exists()]  # fmt: skip
     before = _tuned_before(folder)
-    if before is None and not foreign:
+    if before is not None and before != (adapter.name, str(target)):
+        holds = f"{before[0]} records for '{before[1]}'"
+    elif foreign:
+        holds = f"{foreign[0]}, another tuner's records"
+    else:
         return
-    tuner, tuned_target = before or ("another tuner", "")
-    if foreign or tuner != adapter.name or tuned_target != str(target):
-        held_for = f"{tuner} records for '{tuned_target}'" if before else foreign[0]
-        raise UsageError(
-            f"{folder} holds {held_for}, and this tune is {adapter.name} for '{target}'; "
-            "give another --work-dir (a work dir keeps one tuner's records for one target)"
-        )
+    raise UsageError(
+        f"{folder} holds {holds}, and this tune is {adapter.name} for '{target}'; "
+        "give another --work-dir (a work dir keeps one tuner's records for one target)"
+    )
 
 
 def _tuned_before(folder: Path) -> tuple[str, str] | None:
@@ -268,15 +269,13 @@ def _run_worker(
 FULL_DISK = 1 << 20
 
 
-def _open_log(path: Path) -> Any:
-    """The tuner's log, appended to; a symbolic link there is refused, not followed (a work dir
-    from elsewhere could point it at any file of the user's)."""
+def _open_log(path: Path) -> BinaryIO:
+    """The tuner's log, appended to (never through a symbolic link), or one line why not."""
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        return open_appending(path)
     except OSError as err:
         why = "it is a symbolic link" if err.errno == errno.ELOOP else err.strerror
         raise TuningError(f"cannot write {path}: {why}") from err
-    return os.fdopen(fd, "ab")
 
 
 @contextmanager
