@@ -79,3 +79,15 @@ def test_a_task_name_does_not_place_files_outside_the_work_dir(tmp_path) -> None
 
     assert _file_part("../../etc/x") == "______etc_x"
     assert _file_part("fused_nn_dense_add") == "fused_nn_dense_add"
+
+
+def test_a_cut_line_is_not_set_aside_through_a_link(tiny, tuned, tmp_path, capsys) -> None:
+    work, elsewhere = tmp_path / "work", tmp_path / "elsewhere.txt"
+    shutil.copytree(tuned["autotvm"], work)
+    elsewhere.write_text("the user's file\n")
+    log = work / LOGS["autotvm"]
+    log.write_text(log.read_text()[:-20])  # a cut last line
+    (work / f"{log.name}.damaged").symlink_to(elsewhere)
+    assert main(tune_argv(tiny, "autotvm", work, 5)) == 7
+    assert "cannot set aside the cut last line" in capsys.readouterr().err
+    assert elsewhere.read_text() == "the user's file\n"
