@@ -1,19 +1,24 @@
 """Task lists as JSON: what ``--format json`` prints and what ``tune`` reads back.
 
-Each task carries the table's fields plus a ``payload`` from which its tuner rebuilds the native
-task (TIR and Relay modules in TVM's structural JSON, an AutoTVM template name and its arguments,
-an Ansor workload's tensors), so extraction and tuning can run on different machines. Output is
-deterministic: the same model gives the same bytes in any process.
+Each task carries the table's fields plus a ``payload``: the Relay primitive function it was
+lowered from, as plain data (see :mod:`relay_tasks.adapters.functions`), and for AutoTVM the
+template's name. Extraction and tuning can run on different machines: the machine that reads
+the file lowers each function again, as extraction does, so what gets compiled is derived there
+and never taken from the file. Output is deterministic: the same model gives the same bytes in
+any process.
 
-A task file is data from another machine: reading one evaluates nothing (no TVMScript, no pickle),
-checks every field's type, the file's checksum (so damage and edits are caught) and, per task, that
-the decoded payload still has the task's key.
+A task file is data from another machine: reading one evaluates nothing (no TVMScript, no pickle,
+not even TVM's object JSON), checks every field against an allowlist, the file's checksum (so
+damage and edits are caught) and, per task, that the task derived here has the task's key.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import hashlib
 import json
+import os
+import signal
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,9 +30,12 @@ from .adapters import ADAPTERS, Adapter, TunerTask, get_adapter
 from .errors import ModelError, describe_failure
 from .inputs import as_target
 
-FORMAT = "relay-tasks/2"
-#: Formats older releases wrote; format 1 held TVMScript, which only a Python parser can read.
-OLD_FORMATS = ("relay-tasks/1",)
+FORMAT = "relay-tasks/3"
+#: Formats older releases wrote, and why they are not read.
+OLD_FORMATS = {
+    "relay-tasks/1": "whose payloads need a code parser to read",
+    "relay-tasks/2": "which carried the compiled form of each task instead of its function",
+}
 HOW_TO_REWRITE = "re-extract it with relay-tasks extract --format json"
 
 
@@ -60,7 +68,7 @@ def tasks_document(
                 "key": task.key,
                 "models": list(task.models),
                 "group": task.group,
-                "payload": adapter.encode(task.native),
+                "payload": adapter.encode(task),
             }
             for index, task in enumerate(tasks)
         ],
@@ -99,10 +107,9 @@ def _read(document: Any) -> TaskFile:
     if not isinstance(document, dict) or not isinstance(document.get("format"), str):
         raise _Damaged(f'not a relay-tasks task file (no "format": "{FORMAT}"); {HOW_TO_REWRITE}')
     if document["format"] in OLD_FORMATS:
-        raise _Damaged(
-            f"written by an older relay-tasks (format {document['format']}, whose payloads "
-            f"need a code parser to read); {HOW_TO_REWRITE}"
-        )
+        old = document["format"]
+        raise _Damaged(f"written by an older relay-tasks (format {old}, {OLD_FORMATS[old]}); "
+                       f"{HOW_TO_REWRITE}")  # fmt: skip
     if document["format"] != FORMAT:
         raise _Damaged(f"unknown task file format {document['format']!r} (this relay-tasks "
                        f"reads {FORMAT}); {HOW_TO_REWRITE}")  # fmt: skip
@@ -121,25 +128,75 @@ def _read(document: Any) -> TaskFile:
         raise _Damaged(f"unknown tuner {document['tuner']!r}")
     adapter = get_adapter(document["tuner"])
     target = as_target(document["target"])
-    tasks = [_task(adapter, entry, target, index) for index, entry in enumerate(document["tasks"])]
-    return TaskFile(adapter.name, target, tuple(document["models"]), tasks)
+
+    def derive(report: Callable[[int], None] = lambda index: None) -> list[TunerTask]:
+        tasks = []
+        for index, entry in enumerate(document["tasks"]):
+            report(index)
+            tasks.append(_task(adapter, entry, target, index))
+        return tasks
+
+    crashed = _crash_in_a_child(derive)
+    if crashed is not None:
+        index, signal_name = crashed
+        entry = document["tasks"][index]
+        raise _Damaged(
+            f"task {index} ({entry['name']}): its function crashes TVM when lowered "
+            f"({signal_name}): no extraction writes such a function; {HOW_TO_REWRITE}"
+        )
+    return TaskFile(adapter.name, target, tuple(document["models"]), derive())
+
+
+def _crash_in_a_child(derive: Callable[[Callable[[int], None]], object]) -> tuple[int, str] | None:
+    """Derive the tasks first in a forked child: TVM's type relations and computes assume
+    well-formed calls, and some crash the process on a call no extraction makes (an attribute
+    left at a default it never has, a tensor where a tuple belongs). The function is checked
+    against an allowlist before, but only TVM itself knows what each operator accepts. Returns
+    the index of the task the child died on, with the signal, or None if it finished (then the
+    same work, deterministic, is safe here)."""
+    reader, writer = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: quiet, and gone without running any exit handler
+        os.close(reader)
+        faulthandler.disable()  # a crash here is the answer, not something to report
+        quiet = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(quiet, 1)
+        os.dup2(quiet, 2)
+
+        def report(index: int) -> None:
+            os.write(writer, index.to_bytes(4, "little"))
+
+        try:
+            derive(report)
+        finally:
+            os._exit(0)
+    os.close(writer)
+    with os.fdopen(reader, "rb") as progress:
+        reached = progress.read()
+    _, status = os.waitpid(pid, 0)
+    if not os.WIFSIGNALED(status):
+        return None
+    index = int.from_bytes(reached[-4:], "little") if reached else 0
+    return index, signal.Signals(os.WTERMSIG(status)).name
 
 
 def _task(adapter: Adapter, entry: dict[str, Any], target: Target, index: int) -> TunerTask:
     where = f"task {index} ({entry['name']})"
     try:
-        native = adapter.decode(entry["payload"], target)
+        native, source = adapter.decode(entry["payload"], target, entry["name"], entry["weight"])
         key = adapter.key(native)
     except Exception as err:  # a damaged payload can fail anywhere inside TVM's reader
         raise _Damaged(f"{where}: its payload cannot be read ({describe_failure(err)})") from err
     if key != entry["key"]:
-        raise _Damaged(f"{where}: its payload is not the task its key names "
-                       f"(key {entry['key']}, payload {key}); {HOW_TO_REWRITE}")  # fmt: skip
+        raise _Damaged(f"{where}: its function is not the task its key names "
+                       f"(key {entry['key']}, derived here {key}); {HOW_TO_REWRITE}")  # fmt: skip
     models = tuple(entry["models"])
     group = entry.get("group", "")  # files written before groups were kept have none
     if not isinstance(group, str):
         raise _Damaged(f'{where}: "group" is not a string')
-    return TunerTask(entry["name"], entry["weight"], entry["anchor_op"], key, native, models, group)
+    return TunerTask(
+        entry["name"], entry["weight"], entry["anchor_op"], key, native, models, group, source
+    )
 
 
 _STRINGS = (

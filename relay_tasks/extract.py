@@ -8,7 +8,7 @@ built.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,7 +28,7 @@ from .errors import (
 )
 from .inputs import ParamsLike, TargetLike
 from .ir import is_primitive_task, node_key
-from .lower import LoweredTE, flatten_tuple_type, lower_to_te
+from .lower import ConstantNames, LoweredTE, flatten_tuple_type, lower_to_te
 from .pipeline import PassSettings, extraction_scope, optimize
 from .request import Request
 from .vm_compiler import compiler_calls
@@ -287,7 +287,40 @@ def typed_function(func: relay.Function) -> relay.Function:
     return func
 
 
-def _lower_one(func: relay.Function, target: Target, constant_names: NameSupply) -> LoweredTE:
+def lower_function(
+    func: relay.Function,
+    target: Target,
+    *,
+    constant_names: Sequence[str] = (),
+    lowering_scope: LoweringScope = _no_tracing,
+) -> Task:
+    """One primitive function lowered as extraction lowers it: how a task file's function
+    becomes a tuner's task again on the machine that tunes it.
+
+    Must run inside the tuner's extraction scope (target, PassContext, environment), as
+    :func:`run_extraction` lowers there. ``constant_names`` are the names its tensor constants
+    were given in the model (drawn from a supply the whole model shared); each must extend the
+    base name lowering asks for, else ``ValueError``.
+    """
+    func = typed_function(func)
+    with lowering_scope() as record:
+        lowered = _lower_one(func, target, _NamesGiven(constant_names))
+    return make_task(func, target, lowered, weight=1, traced=tuple(record))
+
+
+class _NamesGiven:
+    """A name supply that hands out names chosen earlier, in order (duck-types NameSupply)."""
+
+    def __init__(self, names: Sequence[str]) -> None:
+        self.names = list(names)
+
+    def fresh_name(self, base: str) -> str:
+        if not self.names or not self.names[0].startswith(base):
+            raise ValueError(f"the function's constants are not named {self.names[:1]}")
+        return self.names.pop(0)
+
+
+def _lower_one(func: relay.Function, target: Target, constant_names: ConstantNames) -> LoweredTE:
     try:
         return lower_to_te(func, target, constant_names)
     except RelayTasksError:

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import tvm
 from tvm import relay, te, tir
-from tvm.ir.supply import NameSupply
 from tvm.relay.backend import te_compiler
 from tvm.target import Target
 
@@ -69,7 +68,14 @@ def fused_function_name(readable: str) -> str:
     return f"{readable[:MAX_FUNC_NAME_LENGTH]}_{std_hash_string(readable):x}_"
 
 
-def lower_to_te(func: relay.Function, target: Target, constant_names: NameSupply) -> LoweredTE:
+class ConstantNames(Protocol):
+    """Where tensor constants get their names: TVM's ``NameSupply`` (shared by one
+    extraction), or the names a task file recorded."""
+
+    def fresh_name(self, base: str) -> str: ...
+
+
+def lower_to_te(func: relay.Function, target: Target, constant_names: ConstantNames) -> LoweredTE:
     """Lower a primitive function to TE compute for ``target``.
 
     Must run inside ``with target`` and the extraction's ``PassContext``: strategies read both.
@@ -79,7 +85,7 @@ def lower_to_te(func: relay.Function, target: Target, constant_names: NameSupply
 
 
 class _TELowering:
-    def __init__(self, target: Target, constant_names: NameSupply) -> None:
+    def __init__(self, target: Target, constant_names: ConstantNames) -> None:
         self.target = target
         self.constant_names = constant_names
         self.memo: dict[int, list[te.Tensor]] = {}

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import re
+import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import hypothesis
 import numpy as np
@@ -12,10 +14,12 @@ import tvm
 from hypothesis.control import currently_in_test_context
 from tvm import relay
 
+import relay_tasks
 from relay_tasks import RelayTasksError
 from relay_tasks.adapters.meta_schedule import extract_task_from_relay
 from relay_tasks.ansor import extract_tasks as ansor_extract_tasks
 from relay_tasks.autotvm import extract_tasks as autotvm_extract_tasks
+from relay_tasks.export import dumps, load_tasks, tasks_document
 
 import oracles
 from cuda_schedules import cuda_injective_schedules
@@ -214,3 +218,17 @@ def _typed_nodes(func: object) -> list:
     nodes: list = []
     relay.analysis.post_order_visit(func, nodes.append)
     return [n for n in nodes if not isinstance(n, tvm.ir.Op)]
+
+
+def assert_task_file_round_trips(mod: tvm.IRModule, params: Params, target: str) -> None:
+    """Each tuner's tasks, written to a task file and read back, are the same rows, and each
+    task lowered again from the function the file carries has the key extraction gave it."""
+    for tuner in ("meta_schedule", "autotvm", "ansor"):
+        tasks = relay_tasks.extract(copy_module(mod), target, params, tuner=tuner)
+        document = tasks_document(tasks, tuner=tuner, target=tvm.target.Target(target), models=[])
+        with tempfile.TemporaryDirectory() as folder:
+            path = Path(folder) / "tasks.json"
+            path.write_text(dumps(document))
+            loaded = load_tasks(path).tasks
+        rows = lambda ts: [(t.name, t.weight, t.anchor_op, t.key, t.group) for t in ts]  # noqa: E731
+        assert rows(loaded) == rows(tasks), _first_difference(rows(tasks), rows(loaded))

@@ -63,7 +63,7 @@ def test_json_for_a_zoo_model_matches_upstream(capsys) -> None:
     upstream = oracles.meta_schedule("resnet-18", X86)
     assert document["target"] == str(tvm.target.Target(X86))
     assert document["tuner"] == "meta_schedule"
-    assert document["models"] == ["resnet-18"] and document["format"] == "relay-tasks/2"
+    assert document["models"] == ["resnet-18"] and document["format"] == "relay-tasks/3"
     assert [(t["index"], t["name"], t["weight"]) for t in document["tasks"]] == [
         (i, t.task_name, t.weight) for i, t in enumerate(upstream)
     ]

@@ -186,8 +186,10 @@ def test_an_autotvm_tuning_script_runs_unchanged(reference, tmp_path) -> None:
             # --- an unmodified AutoTVM tuning script ---
             tasks = autotvm.task.extract_from_program(mod["main"], target=target, params=params)
             measure = autotvm.measure_option(
-                builder=autotvm.LocalBuilder(),
-                runner=autotvm.RPCRunner("dropin", "127.0.0.1", tracker.port, number=1, repeat=1),
+                builder=autotvm.LocalBuilder(timeout=60),
+                runner=autotvm.RPCRunner(
+                    "dropin", "127.0.0.1", tracker.port, number=1, repeat=1, timeout=60
+                ),
             )
             for task in tasks[:2]:
                 tuner = autotvm.tuner.RandomTuner(task)
@@ -207,6 +209,7 @@ def test_an_autotvm_tuning_script_runs_unchanged(reference, tmp_path) -> None:
     np.testing.assert_allclose(_run(lib, mod), expected, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow  # 70 s: Ansor's own tuning loop; tests/tuning tunes with Ansor in the default run
 def test_an_ansor_tuning_script_runs_unchanged(reference, tmp_path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)  # the script's task scheduler writes total_latency.tsv here
     mod, params, expected = reference

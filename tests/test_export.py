@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,16 +17,15 @@ import hypothesis
 import pytest
 import tvm
 from hypothesis import strategies as st
-from tvm import auto_scheduler, relay, te
-from tvm import meta_schedule as ms
+from tvm import relay, te
 
 import relay_tasks
-from relay_tasks.adapters import get_adapter
 from relay_tasks.api import extract_models
 from relay_tasks.cli import main
 from relay_tasks.export import TaskFile, dumps, load_tasks, tasks_document
 
-from zoo import CUDA, X86, load
+from checks import assert_task_file_round_trips
+from zoo import CUDA, HOST, X86, load, model_target_rows
 
 TUNERS = ("meta_schedule", "autotvm", "ansor")
 
@@ -95,6 +95,11 @@ def test_task_files_round_trip(tuner: str, target: str, tmp_path: Path) -> None:
             assert str(back.native.compute_dag) == str(ours.native.compute_dag)
 
 
+@pytest.mark.parametrize(("model", "target"), model_target_rows())
+def test_every_zoo_model_round_trips(model: str, target: str) -> None:
+    assert_task_file_round_trips(*load(model), target)
+
+
 @pytest.mark.parametrize(
     "content",
     [
@@ -159,7 +164,7 @@ def test_an_old_task_file_is_refused_and_its_code_never_runs(
     assert len(capsys.readouterr().err.splitlines()) == 1
     # The same text inside a current file, checksum and key intact, is still only a string.
     document = json.loads(task_texts["meta_schedule"])
-    document["tasks"][0]["payload"]["dispatched"] = [[["main", script]]]
+    document["tasks"][0]["payload"]["function"][0][1] = script
     path = _file(tmp_path, _sealed(document))
     with pytest.raises(relay_tasks.ModelError, match=r"task 0 \(.*\): its payload cannot be read"):
         load_tasks(path)
@@ -178,54 +183,172 @@ def test_a_file_edited_after_extraction_is_refused(task_texts: dict[str, str], t
 
 
 @pytest.mark.parametrize("tuner", TUNERS)
-def test_a_payload_that_is_not_its_keys_task_is_refused(tuner: str, tmp_path: Path) -> None:
+def test_a_function_that_is_not_its_keys_task_is_refused(tuner: str, tmp_path: Path) -> None:
     mod, params = load("conv_bias_bn_relu")
     tasks = relay_tasks.extract(mod, X86, params, tuner=tuner)
-    swapped = [tasks[0], dataclasses.replace(tasks[1], native=tasks[0].native), *tasks[2:]]
-    document = tasks_document(swapped, tuner=tuner, target=tvm.target.Target(X86), models=[])
+    other = dataclasses.replace(tasks[1], native=tasks[0].native, source=tasks[0].source)
+    document = tasks_document(
+        [tasks[0], other, *tasks[2:]], tuner=tuner, target=tvm.target.Target(X86), models=[]
+    )
     with pytest.raises(
-        relay_tasks.ModelError, match=r"task 1 \(.*\): its payload is not the task its key names"
+        relay_tasks.ModelError, match=r"task 1 \(.*\): its function is not the task its key names"
     ):
         load_tasks(_file(tmp_path, document))
 
 
-def _calls_system() -> tuple[te.Tensor, te.Tensor]:
+#: LLVM IR whose constructor runs a command when the library holding it is loaded: what a
+#: ``pragma_import_llvm`` annotation in a format-2 task file's TIR made tuning link and load.
+_CONSTRUCTOR = """
+@cmd = private constant [12 x i8] c"touch pwned\\00"
+declare i32 @system(ptr)
+define void @ctor_pwned() {
+  %r = call i32 @system(ptr @cmd)
+  ret void
+}
+@llvm.global_ctors = appending global [1 x { i32, ptr, ptr }] [{ i32, ptr, ptr } { i32 65535, ptr @ctor_pwned, ptr null }]
+"""
+
+
+def _imports_llvm() -> tvm.IRModule:
+    """A TIR module whose block annotation asks the CPU code generator to link ``_CONSTRUCTOR``
+    (no call by name anywhere: format 2's check for those let it through)."""
     data = te.placeholder((4,), name="A")
-    call = tvm.tir.call_extern("float32", "system", "touch pwned")
-    return data, te.compute((4,), lambda i: data[i] + call, name="B")
+    out = te.compute((4,), lambda i: data[i] + 1.0, name="B")
+    func = te.create_prim_func([data, out]).with_attr("global_symbol", "main")
+    sch = tvm.tir.Schedule(func)
+    (loop,) = sch.get_loops(sch.get_block("B"))
+    sch.annotate(loop, "pragma_import_llvm", _CONSTRUCTOR)
+    return sch.mod
 
 
-def _smuggled(text: str, tuner: str, native: Any) -> dict[str, Any]:
-    """A real task file whose first task is replaced by ``native``, keys and checksum redone,
-    as a tool (or an attacker) that knows the format would write it."""
-    document = json.loads(text)
-    adapter = get_adapter(tuner)
-    entry = document["tasks"][0]
-    entry["payload"], entry["key"] = adapter.encode(native), adapter.key(native)
-    return _sealed(document)
+def test_a_compiled_form_in_a_task_file_is_never_compiled(
+    task_texts: dict[str, str], tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """Issue 26: format 2 carried each task's TIR, and TIR can hold LLVM IR that codegen links.
+    Neither an old file nor a current one with that TIR added beside its function is read."""
+    monkeypatch.chdir(tmp_path)
+    evil = _imports_llvm()
+    func = evil["main"]
+    parts = [func.params, [func.buffer_map[p] for p in func.params], func.body, None, func.attrs]
+    document = json.loads(task_texts["meta_schedule"])
+    # Format 2's encoding of a TIR module: each function's parts in TVM's object JSON.
+    document["tasks"][0]["payload"]["dispatched"] = [[["main", tvm.ir.save_json(parts)]]]
+    for form in ("relay-tasks/2", "relay-tasks/3"):
+        path = _file(tmp_path, _sealed({**document, "format": form}))
+        work = tmp_path / f"w{form[-1]}"
+        assert main(["tune", str(path), "--trials", "1", "--work-dir", str(work)]) == 3
+        err = capsys.readouterr().err
+        assert len(err.splitlines()) == 1
+        assert "format relay-tasks/2" in err if form.endswith("2") else "'dispatched'" in err
+        assert not (tmp_path / "pwned").exists()
+    # The annotation is live: the code generator links the file's constructor into the library.
+    assert "ptr @ctor_pwned" in tvm.build(evil, target=HOST).get_source("ll")
 
 
-def test_tir_that_calls_out_by_name_is_refused(task_texts: dict[str, str], tmp_path) -> None:
-    """Tuning compiles and runs a task: a file must not be able to pick native code to call."""
-    target = tvm.target.Target(X86)
-    func = te.create_prim_func(list(_calls_system())).with_attr("global_symbol", "main")
-    relay_mod = load_tasks(_file(tmp_path, task_texts["meta_schedule"])).tasks[0].native.mod
-    evil = ms.ExtractedTask("evil", relay_mod, target, [tvm.IRModule({"main": func})], 1)
-    document = _smuggled(task_texts["meta_schedule"], "meta_schedule", evil)
-    with pytest.raises(relay_tasks.ModelError, match=r"calls functions by name \(tir.call_extern"):
-        load_tasks(_file(tmp_path, document))
+def _relu_chain(length: int) -> list[Any]:
+    """A function table of ``length`` nested relus: a file's way to ask for deep recursion."""
+    var = ["var", "p0", ["tensor", [["int", "int32", 4]], "float32"]]
+    calls = [["call", "nn.relu", [i], None] for i in range(length)]
+    return [var, *calls, ["function", [0], length, {"Primitive": 1}]]
 
 
-def test_ansor_compute_that_calls_out_by_name_is_refused(task_texts, tmp_path: Path) -> None:
-    target = tvm.target.Target(X86)
-    tensors = list(_calls_system())
-    key = auto_scheduler.ComputeDAG(tensors).workload_key()
-    auto_scheduler.workload_registry.register_workload_tensors(key, tensors)
-    hardware = auto_scheduler.HardwareParams(num_cores=1, target=target)
-    evil = auto_scheduler.SearchTask(workload_key=key, target=target, hardware_params=hardware)
-    document = _smuggled(task_texts["ansor"], "ansor", evil)
-    with pytest.raises(relay_tasks.ModelError, match=r"calls functions by name \(tir.call_extern"):
-        load_tasks(_file(tmp_path, document))
+def _set(where: Callable[[list[Any]], Any], value: Any) -> Callable[[list[Any]], None]:
+    def change(function: list[Any]) -> None:
+        container, key = where(function)
+        container[key] = value
+
+    return change
+
+
+#: What a file could put in a task's function, and the refusal each gets (before anything is
+#: lowered: no key matches any of them).
+FUNCTION_ATTACKS = {
+    "an external compiler's function": (
+        lambda f: f[-1][3].update(Compiler="ccompiler", global_symbol="f();system(0)"),
+        "function attributes ['Compiler', 'Primitive', 'global_symbol'] are not FuseOps' flags",
+    ),
+    "a callback in an operator's attributes": (
+        _set(lambda f: (f, 1), ["call", "nn.relu", [0], ["relay.attrs.DebugAttrs", {}]]),
+        "nn.relu takes attributes of type none, not 'relay.attrs.DebugAttrs'",
+    ),
+    "a TIR operator": (
+        _set(lambda f: (f, 1), ["call", "tir.call_extern", [0], None]),
+        "'tir.call_extern' is not a Relay operator lowering computes",
+    ),
+    "a debugging operator": (
+        _set(lambda f: (f, 1), ["call", "debug", [0], None]),
+        "'debug' is not a Relay operator lowering computes",
+    ),
+    "another operator's attributes": (
+        _set(lambda f: (f, 1), ["call", "nn.relu", [0], ["relay.attrs.Conv2DAttrs", {}]]),
+        "nn.relu takes attributes of type none, not 'relay.attrs.Conv2DAttrs'",
+    ),
+    "a name that is code": (
+        _set(lambda f: (f[0], 1), 'p0"); system("touch pwned'),
+        "is not a name (letters, digits, _ and .)",
+    ),
+    "a dimension of 2**40": (
+        _set(lambda f: (f[0][2][1], 0), ["int", "int64", 2**40]),
+        "is not an integer from 0 to 16777216",
+    ),
+    "100,000 nodes": (
+        lambda f: f.__setitem__(slice(None), _relu_chain(100_000)),
+        "the function has 100002 nodes (at most 20000)",
+    ),
+    "nesting 5,000 deep": (
+        lambda f: f.__setitem__(slice(None), _relu_chain(5_000)),
+        "the function nests deeper than 1024 nodes",
+    ),
+    "a call that crashes TVM's type relation": (
+        _set(lambda f: (f, 1), ["call", "nn.dilate", [0], None]),
+        "its function crashes TVM when lowered (SIGSEGV): no extraction writes such a function",
+    ),
+    "a cycle": (
+        _set(lambda f: (f, 1), ["call", "nn.relu", [1], None]),
+        "node 1 refers to 1, which is not an earlier node",
+    ),
+}
+
+
+@pytest.mark.parametrize("attack", FUNCTION_ATTACKS)
+@pytest.mark.parametrize("tuner", TUNERS)
+def test_a_function_outside_the_allowlist_is_refused_before_anything_is_lowered(
+    attack: str, tuner: str, task_texts, tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """Issue 26: a task file's function is read from an allowlist (registered operators with
+    their own attributes types, plain values, identifiers, bounded sizes), checksum valid."""
+    monkeypatch.chdir(tmp_path)
+    change, message = FUNCTION_ATTACKS[attack]
+    document = json.loads(task_texts[tuner])
+    function = document["tasks"][0]["payload"]["function"]
+    # Every tuner's first task cut to one simple call of its first parameter.
+    function[1:-1] = [["call", "nn.relu", [0], None]]
+    function[-1][1:3] = [[0], 1]
+    change(function)
+    path = _file(tmp_path, _sealed(document))
+    with pytest.raises(relay_tasks.ModelError) as caught:
+        load_tasks(path)
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+    assert str(caught.value).startswith(f"{path}: task 0 (")
+    assert main(["tune", str(path), "--trials", "1", "--work-dir", str(tmp_path / "w")]) == 3
+    assert len(capsys.readouterr().err.splitlines()) == 1
+    assert not (tmp_path / "pwned").exists() and not (tmp_path / "w").exists()
+
+
+def test_constant_names_round_trip_into_each_tuners_keys(tmp_path: Path) -> None:
+    """Linked tensor constants are named from a supply the whole model shared, and the names
+    enter Ansor's workload keys: the file records them and lowering here uses them."""
+    from test_extract import _linked_repeats
+
+    for tuner in TUNERS:
+        tasks = relay_tasks.extract(_linked_repeats(), X86, tuner=tuner)
+        with_constants = [t for t in tasks if t.source and t.source.lowered.constants]
+        assert with_constants, tuner
+        document = tasks_document(tasks, tuner=tuner, target=tvm.target.Target(X86), models=[])
+        loaded = load_tasks(_file(tmp_path, document))
+        assert [t.key for t in loaded.tasks] == [t.key for t in tasks], tuner
+        names = lambda t: [c.op.name for c, _ in t.source.lowered.constants]  # noqa: E731
+        assert [names(t) for t in loaded.tasks] == [names(t) for t in tasks]
 
 
 JSON_VALUES = st.one_of(
@@ -369,12 +492,12 @@ def _damaged(change: Any) -> Any:
 DAMAGES = {
     "a list": (
         _damaged(lambda d: [d]),
-        'not a relay-tasks task file (no "format": "relay-tasks/2"); re-extract it with '
+        'not a relay-tasks task file (no "format": "relay-tasks/3"); re-extract it with '
         "relay-tasks extract --format json",
     ),
     "future format": (
         _damaged(lambda d: d.update(format="relay-tasks/9")),
-        "unknown task file format 'relay-tasks/9' (this relay-tasks reads relay-tasks/2); "
+        "unknown task file format 'relay-tasks/9' (this relay-tasks reads relay-tasks/3); "
         "re-extract it with relay-tasks extract --format json",
     ),
     "tuner not a string": (

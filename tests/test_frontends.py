@@ -21,6 +21,7 @@ from checks import (
     assert_autotvm_matches,
     assert_meta_schedule_matches,
     assert_same_extracted_tasks,
+    assert_task_file_round_trips,
 )
 from frontend_models import MUST_SHOW, from_get_network, load, model_rows
 from tflite_writer import fully_connected_model
@@ -55,6 +56,16 @@ def test_autotvm(model: str, target: str) -> None:
 @pytest.mark.parametrize(("model", "target"), ROWS)
 def test_ansor(model: str, target: str) -> None:
     assert assert_ansor_matches(*load(model), target)
+
+
+@pytest.mark.parametrize(
+    ("model", "target"),
+    # The CUDA rows in the slow tier: the x86 rows derive every operator these models have.
+    [pytest.param(*r.values, marks=(*r.marks, pytest.mark.slow) if r.values[1] == CUDA else r.marks,
+                  id=r.id) for r in ROWS],
+)  # fmt: skip
+def test_task_files_round_trip(model: str, target: str) -> None:
+    assert_task_file_round_trips(*load(model), target)
 
 
 @pytest.mark.parametrize("target", [X86, CUDA], ids=["x86", "cuda"])

@@ -38,12 +38,13 @@ from ..extract import (
     Task,
     display_name,
     in_call_order,
+    lower_function,
     run_extraction,
     warn_skipped_dynamic,
 )
 from ..inputs import ParamsLike, TargetLike
 from ..ir import dunders_answered_in_python
-from ..pipeline import PassSettings
+from ..pipeline import PassSettings, extraction_scope
 from ..request import Request
 from ..vm_cache import op_weights, storage_size_tasks, vm_function_names
 from .base import (
@@ -52,15 +53,14 @@ from .base import (
     Runner,
     TunerTask,
     append_causes,
-    compact_json,
     damaged,
     failure_cause,
-    load_tvm_json,
     read_causes,
     record_lines,
-    refuse_named_calls,
     valid_for,
 )
+from .functions import read_source, source_data
+from .records import ansor_problem
 
 NAME = "ansor"
 PASS_CONFIG = {"relay.backend.use_auto_scheduler": True}
@@ -138,7 +138,12 @@ def extract(
     return [
         # The description joins names from a set (process-dependent order); sorted for display.
         TunerTask(
-            ",".join(sorted(search.desc.split(","))), weight, source.anchor_op, key(search), search
+            ",".join(sorted(search.desc.split(","))),
+            weight,
+            source.anchor_op,
+            key(search),
+            search,
+            source=source,
         )
         for search, weight, source in pairs
     ]
@@ -149,30 +154,30 @@ def key(task: auto_scheduler.SearchTask) -> str:
     return hashlib.sha256(task.workload_key.encode()).hexdigest()[:16]
 
 
-def encode(task: auto_scheduler.SearchTask) -> dict[str, Any]:
-    return {
-        "workload_key": task.workload_key,
-        "tensors": compact_json(tvm.ir.save_json(task.compute_dag.tensors)),
-        "desc": ",".join(sorted(task.desc.split(","))),  # set order varies between processes
-    }
+def encode(task: TunerTask) -> dict[str, Any]:
+    return source_data(task)
 
 
-def decode(payload: dict[str, Any], target: Target) -> auto_scheduler.SearchTask:
-    tensors = load_tvm_json(payload["tensors"], tvm.ir.container.Array)
-    dag = auto_scheduler.ComputeDAG(list(tensors))
-    refuse_named_calls(op.body for op in dag.ops if hasattr(op, "body"))
-    workload_key = dag.workload_key()
-    if workload_key != payload["workload_key"]:
-        # The search task would look its compute up by this key: it must be the one sent.
-        raise ValueError("the compute does not hash to the workload key it is filed under")
-    register_workload_tensors(workload_key, list(tensors))
-    return _search_task(
+def decode(
+    payload: dict[str, Any], target: Target, name: str, weight: int
+) -> tuple[auto_scheduler.SearchTask, Task]:
+    """The search task of the compute its function lowers to here (its key: that compute's)."""
+    func, constant_names = read_source(payload)
+    with extraction_scope(target, PassSettings(3, PASS_CONFIG, DISABLED_PASSES)):
+        source = lower_function(func, target, constant_names=constant_names)
+        tensors = upstream.traverse_to_get_io_tensors(_schedulable_outputs(source))[0]
+    if not tensors:
+        raise ValueError("its function has a dynamic shape, which Ansor cannot tune")
+    workload_key = auto_scheduler.ComputeDAG(tensors).workload_key()
+    register_workload_tensors(workload_key, tensors)
+    search = _search_task(
         workload_key=workload_key,
         target=target,
         hardware_params=default_hardware_params(target),
         layout_rewrite_option=auto_scheduler.LayoutRewriteOption.get_target_default(target, True),
-        desc=str(payload["desc"]),
+        desc=name,
     )
+    return search, source
 
 
 def merge(tasks: Sequence[TunerTask]) -> auto_scheduler.SearchTask:
@@ -258,6 +263,13 @@ def measurements(work_dir: Path) -> list[Measurement]:
     codes = {int(v): k for k, v in vars(auto_scheduler.measure.MeasureErrorNo).items()
              if isinstance(v, int)}  # fmt: skip
     for number, line in record_lines(log):
+        try:
+            steps = json.loads(line)["i"][1][1]  # {"i": [task, [stages, steps]], "r": result}
+        except (KeyError, IndexError, TypeError) as err:
+            raise damaged(log, number, f"not an Ansor record ({type(err).__name__})") from err
+        problem = ansor_problem(steps)
+        if problem:
+            raise damaged(log, number, problem)
         try:
             inp, res = auto_scheduler.measure_record.load_record_from_string(line)
             task_key = key(inp.task)

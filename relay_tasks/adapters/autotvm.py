@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
+import re
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import tvm
 from tvm import autotvm
 from tvm.autotvm.task import TaskExtractEnv
 from tvm.autotvm.task.dispatcher import ApplyConfig, DispatchContext, FallbackContext
@@ -24,10 +27,17 @@ from tvm.autotvm.task.task import compute_flop, serialize_args
 from tvm.target import Target
 
 from ..errors import ModelError, describe_failure
-from ..extract import Task, display_name, in_call_order, run_extraction, shape_text
+from ..extract import (
+    Task,
+    display_name,
+    in_call_order,
+    lower_function,
+    run_extraction,
+    shape_text,
+)
 from ..inputs import ParamsLike, TargetLike
 from ..ir import dunders_answered_in_python
-from ..pipeline import PassSettings
+from ..pipeline import PassSettings, extraction_scope
 from ..request import Request
 from .base import (
     Adapter,
@@ -40,6 +50,8 @@ from .base import (
     read_causes,
     record_lines,
 )
+from .functions import only_fields, read_dtype, read_shape, read_source, source_data
+from .records import autotvm_problem
 
 NAME = "autotvm"
 #: Upstream's extraction lowers with AlterOpLayout off: AutoTVM's templates expect that.
@@ -117,6 +129,7 @@ def extract(
             key(task),
             task,
             group=source.key if source else "",
+            source=source,
         )
         for (source, task), weight in zip(pairs, _weights(pairs), strict=True)
     ]
@@ -252,15 +265,35 @@ def key(task: autotvm.task.Task) -> str:
     return digest[:16]
 
 
-def encode(task: autotvm.task.Task) -> dict[str, Any]:
-    return {"template": task.name, "args": _jsonable(task.args)}
+def encode(task: TunerTask) -> dict[str, Any]:
+    template = {"template": task.native.name}
+    if task.source is None:  # traced while a pass ran, not while a function was lowered
+        return {**template, "args": _jsonable(task.native.args)}
+    return {**template, **source_data(task)}
 
 
-def decode(payload: dict[str, Any], target: Target) -> autotvm.task.Task:
-    template, args = payload["template"], payload["args"]
-    if not isinstance(template, str) or not isinstance(args, list):
-        raise TypeError("an AutoTVM payload is a template name and a list of arguments")
-    return create_task(template, _tuples(args), target)
+def decode(
+    payload: dict[str, Any], target: Target, name: str, weight: int
+) -> tuple[autotvm.task.Task, Task | None]:
+    """The template its function's lowering traces here (or, for a task no function traced,
+    a registered template with arguments of plain values only)."""
+    template = payload.get("template")
+    if not isinstance(template, str) or template not in autotvm.task.task.TASK_TABLE:
+        raise ValueError(f"{template!r} is not a registered AutoTVM template")
+    if "function" not in payload:
+        only_fields(payload, {"template", "args"})
+        return create_task(template, checked_args(payload.get("args")), target), None
+    func, constant_names = read_source(payload, also=frozenset({"template"}))
+    env = TaskExtractEnv.get()
+    env.reset(None)
+    with extraction_scope(target, PassSettings(3, {}, DISABLED_PASSES)), _tracing(env, []):
+        source = lower_function(
+            func, target, constant_names=constant_names, lowering_scope=lambda: _per_function(env)
+        )
+    for traced, args in source.traced:
+        if traced == template:
+            return create_task(traced, args, target), source
+    raise ValueError(f"its function does not use the template {template}")
 
 
 def _jsonable(value: Any) -> Any:
@@ -269,11 +302,26 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def _tuples(value: Any) -> Any:
-    # AutoTVM serialises arguments as nested tuples; JSON gives lists back.
-    if isinstance(value, list):
-        return tuple(_tuples(v) for v in value)
-    return value
+def checked_args(value: Any, depth: int = 0) -> Any:
+    """A template's arguments from a file: tensors (``["TENSOR", shape, dtype]``), numbers,
+    short names and lists of them, as tuples (AutoTVM serialises arguments so), bounded."""
+    if depth > 4:
+        raise ValueError("template arguments nest too deeply")
+    if value is None or type(value) in (bool, int, float):
+        return value
+    if isinstance(value, str):
+        if not ARG_TEXT.match(value):
+            raise ValueError(f"{value[:40]!r} is not a template argument")
+        return value
+    if isinstance(value, list) and value[:1] == ["TENSOR"] and len(value) == 3:
+        return ("TENSOR", tuple(read_shape(value[1])), read_dtype(value[2]))
+    if isinstance(value, list) and len(value) <= 64:
+        return tuple(checked_args(v, depth + 1) for v in value)
+    raise ValueError("template arguments are tensors, numbers, names and lists of them")
+
+
+#: Layouts, dtypes and modes, as TOPI's templates take them.
+ARG_TEXT = re.compile(r"[A-Za-z0-9_]{0,64}\Z")
 
 
 def merge(tasks: Sequence[TunerTask]) -> autotvm.task.Task:
@@ -327,26 +375,61 @@ def allotments(trials: int, valid: Sequence[int], spaces: Sequence[int]) -> list
 
 @contextmanager
 def _measure_option(runner: Runner) -> Iterator[Any]:
-    """AutoTVM's LocalRunner measures through hhb-tvm's stock RPC server, which cannot load what
-    its client sends (every measurement fails): measure locally through a private tracker and
-    relay-tasks' fixed server instead."""
-    from ..rpc import start_server, start_tracker
-
+    """Through the tracker when one is given; else measured here, in AutoTVM's own pool of
+    child processes, with nothing listening (see :class:`_HereRunner`)."""
     options = {"number": 1, "repeat": 1, "timeout": runner.timeout}
     if runner.tracker is not None:
         host, port = runner.tracker
         rpc = autotvm.RPCRunner(runner.key, host, port, **options)
         yield autotvm.measure_option(builder=_builder(runner), runner=rpc)
         return
-    tracker = start_tracker()
-    key = "relay-tasks-local"
-    server = start_server(("127.0.0.1", tracker.port), key, port=9300)
-    try:
-        rpc = autotvm.RPCRunner(key, "127.0.0.1", tracker.port, **options)
-        yield autotvm.measure_option(builder=_builder(runner), runner=rpc)
-    finally:
-        server.terminate()
-        tracker.terminate()
+    yield autotvm.measure_option(builder=_builder(runner), runner=_HereRunner(**options))
+
+
+class _HereRunner(autotvm.RPCRunner):  # type: ignore[misc]
+    """AutoTVM's runner without a device to request: each measurement loads the built library
+    in one of the runner's own child processes. AutoTVM's ``LocalRunner`` starts a tracker and
+    a server on local TCP ports instead, which any local user could ask for a session and have
+    load a library of their own (and hhb-tvm's stock server cannot load what its client sends)."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__("", "", 0, n_parallel=1, module_loader=_LoadHere(), **options)
+
+    def set_task(self, task: Any) -> None:
+        self.task = task
+
+    def get_build_kwargs(self) -> dict[str, Any]:
+        """The GPU limits the build checks a schedule against, read off this machine's GPU."""
+        kwargs: dict[str, Any] = {"checks": {}}
+        if {"cuda", "opencl", "rocm", "vulkan"} & set(self.task.target.keys):
+            device = tvm.device(str(self.task.target), 0)
+            dims = device.max_thread_dimensions
+            kwargs["checks"]["gpu"] = {
+                "max_shared_memory_per_block": device.max_shared_memory_per_block,
+                "max_threads_per_block": device.max_threads_per_block,
+                "max_thread_x": dims[0],
+                "max_thread_y": dims[1],
+                "max_thread_z": dims[2],
+            }
+        return kwargs
+
+
+class _LoadHere:
+    """A module loader for ``run_through_rpc`` that loads in the measuring process itself."""
+
+    @contextmanager
+    def __call__(self, remote_kwargs: Any, build_result: Any) -> Iterator[tuple[Any, Any]]:
+        yield _Here(), tvm.runtime.load_module(build_result.filename)
+
+
+class _Here:
+    """What ``run_through_rpc`` asks of its remote session, answered by this process."""
+
+    def device(self, target: str, index: int) -> Any:
+        return tvm.device(target.split()[0], index)
+
+    def get_function(self, name: str) -> Any:
+        return tvm.get_global_func(name)
 
 
 #: The causes of failed measurements, one a line (AutoTVM's log keeps only an error code).
@@ -375,6 +458,9 @@ def measurements(work_dir: Path) -> list[Measurement]:
     causes = read_causes(work_dir / ERRORS_FILE)
     result = []
     for number, line in record_lines(log):
+        problem = autotvm_problem(json.loads(line), autotvm.task.task.TASK_TABLE)
+        if problem:
+            raise damaged(log, number, problem)
         try:
             inp, res = autotvm.record.decode(line)
             task_key = key(inp.task)

@@ -9,9 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-import tvm
-
 from ..errors import ModelError, describe_text
+from ..extract import Task
 
 
 @dataclass(frozen=True)
@@ -23,7 +22,9 @@ class TunerTask:
     tasks with the same key and target are the same tuning problem); ``models`` names the models
     that use it. Tasks with the same non-empty ``group`` are alternative implementations of one
     primitive function (AutoTVM's ``dense_nopack`` and ``dense_pack``): the build runs one of
-    them, so an estimate of the model counts the best of them once.
+    them, so an estimate of the model counts the best of them once. ``source`` is the shared
+    task (primitive function and its lowering) the native task was made from: what a task file
+    carries, so that the machine that tunes derives the native task again.
     """
 
     name: str
@@ -33,6 +34,7 @@ class TunerTask:
     native: Any
     models: tuple[str, ...] = ()
     group: str = ""
+    source: Task | None = field(default=None, repr=False, compare=False)
 
     @property
     def alternatives_of(self) -> str:
@@ -70,8 +72,9 @@ class Adapter:
     """A tuner reachable through the shared backend.
 
     - ``extract(mod, target, params=None, **options)``: :class:`TunerTask` rows, upstream order;
-    - ``encode(native)`` / ``decode(payload, target)``: a task to and from JSON-able data that
-      rebuilds without evaluating anything (TVM's structural JSON, plain values);
+    - ``encode(task)`` / ``decode(payload, target, name, weight)``: a task to and from plain
+      data, its primitive function (see :mod:`.functions`); decoding lowers that function
+      here and returns the native task with its source;
     - ``key(native)``: the task's identity, recomputed from a decoded task to check a task file;
     - ``merge(tasks)``: one task from equal tasks of several models (weights added);
     - ``tune(tasks, target, trials, work_dir, runner)``: tune until ``work_dir`` holds ``trials``
@@ -85,8 +88,8 @@ class Adapter:
 
     name: str
     extract: Callable[..., list[TunerTask]]
-    encode: Callable[[Any], dict[str, Any]] = field(repr=False)
-    decode: Callable[[dict[str, Any], Any], Any] = field(repr=False)
+    encode: Callable[[TunerTask], dict[str, Any]] = field(repr=False)
+    decode: Callable[[dict[str, Any], Any, str, int], tuple[Any, Task | None]] = field(repr=False)
     key: Callable[[Any], str] = field(repr=False)
     merge: Callable[[Sequence[TunerTask]], Any] = field(repr=False)
     tune: Callable[[Sequence[TunerTask], Any, int, Path, Runner], None] = field(repr=False)
@@ -169,60 +172,3 @@ def read_causes(path: Path) -> Iterator[str]:
         yield cause if isinstance(cause, str) else "unknown error"
     while True:
         yield "unknown error"
-
-
-def compact_json(text: str) -> str:
-    """``tvm.ir.save_json`` output without its indentation: a third of the size in a task file."""
-    return json.dumps(json.loads(text), separators=(",", ":"))
-
-
-def load_tvm_json(text: Any, kind: type) -> Any:
-    """``tvm.ir.load_json``, which rebuilds objects field by field (nothing is evaluated), checked
-    to give the kind of object the caller expects."""
-    if not isinstance(text, str):
-        raise TypeError(f"expected a TVM JSON string, got {type(text).__name__}")
-    node = tvm.ir.load_json(text)
-    if not isinstance(node, kind):
-        raise TypeError(f"expected {kind.__name__}, got {type(node).__name__}")
-    return node
-
-
-#: TIR calls that reach a function by name (packed functions, C symbols, LLVM intrinsics). TE
-#: compute never needs them; in a task file from elsewhere they would let the file choose native
-#: code that tuning then runs (``call_extern("system", ...)``).
-NAMED_CALLS = frozenset(
-    f"tir.{name}"
-    for name in (
-        "call_packed",
-        "call_cpacked",
-        "call_packed_lowered",
-        "call_cpacked_lowered",
-        "tvm_call_packed",
-        "tvm_call_cpacked",
-        "tvm_call_packed_lowered",
-        "tvm_call_cpacked_lowered",
-        "tvm_call_trace_packed",
-        "tvm_call_trace_packed_lowered",
-        "call_extern",
-        "call_pure_extern",
-        "call_llvm_intrin",
-        "call_llvm_pure_intrin",
-    )
-)
-
-
-def refuse_named_calls(nodes: Iterable[Any]) -> None:
-    """Raise ValueError if a TIR statement or expression in ``nodes`` (or in an Array of them,
-    as a ComputeOp's body is) calls out by name."""
-    found: list[str] = []
-
-    def visit(node: Any) -> None:
-        op = node.op if isinstance(node, tvm.tir.Call) else None
-        if isinstance(op, tvm.ir.Op) and op.name in NAMED_CALLS:
-            found.append(op.name)
-
-    for node in nodes:
-        for part in node if isinstance(node, tvm.ir.container.Array) else [node]:
-            tvm.tir.stmt_functor.post_order_visit(part, visit)
-    if found:
-        raise ValueError(f"it calls functions by name ({found[0]}), which no tuning task needs")

@@ -27,7 +27,7 @@ from tvm.target import Target
 
 from ..cxx import std_sort
 from ..errors import ModelError
-from ..extract import Task, run_extraction, warn_skipped_dynamic
+from ..extract import Task, lower_function, run_extraction, warn_skipped_dynamic
 from ..inputs import ParamsLike, TargetLike
 from ..pipeline import PassSettings, extraction_scope
 from ..request import Request
@@ -37,15 +37,14 @@ from .base import (
     Runner,
     TunerTask,
     append_causes,
-    compact_json,
     damaged,
     failure_cause,
-    load_tvm_json,
     read_causes,
     record_lines,
-    refuse_named_calls,
     valid_for,
 )
+from .functions import read_source, source_data
+from .records import trace_problem
 
 NAME = "meta_schedule"
 MODULE_EQUALITIES = ("structural", "ignore-ndarray", "anchor-block")
@@ -109,7 +108,8 @@ def extract(
         raise ModelError(f"unknown MetaSchedule option(s): {', '.join(sorted(options))}")
     pairs = _extract(Request.of(mod, target, params, settings), module_equality)
     return [
-        TunerTask(et.task_name, int(et.weight), task.anchor_op, key(et), et) for task, et in pairs
+        TunerTask(et.task_name, int(et.weight), task.anchor_op, key(et), et, source=task)
+        for task, et in pairs
     ]
 
 
@@ -242,47 +242,23 @@ def _op_count(func: relay.Function) -> int:
     return count
 
 
-def encode(task: ms.ExtractedTask) -> dict[str, Any]:
-    return {
-        "name": str(task.task_name),
-        "weight": int(task.weight),
-        "mod": compact_json(tvm.ir.save_json(task.mod)),
-        "dispatched": [_encode_tir(mod) for mod in task.dispatched],
-    }
+def encode(task: TunerTask) -> dict[str, Any]:
+    return source_data(task)
 
 
-def decode(payload: dict[str, Any], target: Target) -> ms.ExtractedTask:
-    return ms.ExtractedTask(
-        str(payload["name"]),
-        load_tvm_json(payload["mod"], IRModule),
-        target,
-        [_decode_tir(entry) for entry in payload["dispatched"]],
-        int(payload["weight"]),
-    )
-
-
-def _encode_tir(mod: IRModule) -> list[Any]:
-    """Each PrimFunc as its parts, in an Array: ``save_json`` of a whole PrimFunc writes its
-    ``buffer_map`` (keyed by objects) in address order, so the same task would serialise
-    differently in every process; the parts are ordered by the parameter list instead. (A
-    task's module holds one function, ``main``: module order cannot vary.)"""
-    functions = []
-    for gvar, func in mod.functions.items():
-        buffers = [func.buffer_map.get(param) for param in func.params]
-        parts = [func.params, buffers, func.body, func.ret_type, func.attrs]
-        functions.append([gvar.name_hint, compact_json(tvm.ir.save_json(parts))])
-    return functions
-
-
-def _decode_tir(entry: list[Any]) -> IRModule:
-    functions = {}
-    for name, text in entry:
-        params, buffers, body, ret_type, attrs = load_tvm_json(text, tvm.ir.container.Array)
-        buffer_map = {p: b for p, b in zip(params, buffers, strict=True) if b is not None}
-        refuse_named_calls([body])
-        func = tvm.tir.PrimFunc(list(params), body, ret_type, buffer_map, attrs)
-        functions[tvm.ir.GlobalVar(str(name))] = func
-    return IRModule(functions)
+def decode(
+    payload: dict[str, Any], target: Target, name: str, weight: int
+) -> tuple[ms.ExtractedTask, Task]:
+    """The task lowered here from its primitive function, as extraction lowers it."""
+    func, constant_names = read_source(payload)
+    settings = _settings(3, DEFAULT_PASS_CONFIG, None)
+    with extraction_scope(target, settings), tophub_scope(target):
+        source = lower_function(func, target, constant_names=constant_names)
+        tir = tir_module(source)
+    if tir is None:
+        raise ValueError("its function has a dynamic shape, which MetaSchedule cannot tune")
+    relay_mod = IRModule({tvm.ir.GlobalVar(source.name): source.func})
+    return ms.ExtractedTask(name, relay_mod, target, [tir], weight), source
 
 
 def merge(tasks: Sequence[TunerTask]) -> ms.ExtractedTask:
@@ -386,7 +362,9 @@ def measurements(work_dir: Path) -> list[Measurement]:
     """The JSON database's records in commit order (its API sorts them by latency).
 
     A record is ``[workload index, [trace, run_secs, target, args]]``; a workload line starts with
-    its structural hash, which is this adapter's task key.
+    its structural hash, which is this adapter's task key. Each trace is checked against
+    :mod:`.records`' allowlist: every command that lets MetaSchedule read the database reads
+    these first.
     """
     workloads, records = (
         work_dir / "database_workload.json",
@@ -399,11 +377,14 @@ def measurements(work_dir: Path) -> list[Measurement]:
     result = []
     for number, line in record_lines(records):
         try:
-            index, (_, run_secs, *_) = json.loads(line)
+            index, (trace, run_secs, *_) = json.loads(line)
             task_key = keys[index]
             seconds = sum(run_secs) / len(run_secs) if run_secs else None
         except (TypeError, ValueError, IndexError, ZeroDivisionError) as err:
             raise damaged(records, number, f"{type(err).__name__}: {err}") from err
+        problem = trace_problem(trace)
+        if problem:
+            raise damaged(records, number, problem)
         failed = seconds is None or seconds >= 1e9  # MetaSchedule's mark of a failed run
         error = next(errors) if failed else ""
         result.append(Measurement(task_key, None if failed else seconds, error))

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import errno
+import os
+import re
+import stat
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from tvm import relay
 from tvm.ir import IRModule
@@ -22,12 +26,12 @@ def load_onnx(
         model = onnx.load(str(path), load_external_data=False)
     except Exception as err:
         raise ModelError(f"{path}: not a valid ONNX model ({describe_failure(err)})") from err
-    # onnx.load follows whatever a location names, symlinks included (CVE-2024-27318; so do
-    # 1.15.0, pinned here, and 1.16.2): check every location before any is read.
-    for location in _external_locations(model):
-        _check_location(path, location)
+    # onnx's own reader follows whatever a location names, symlinks included (CVE-2024-27318,
+    # still in 1.15.0, pinned here, and 1.16.2), and opens FIFOs: the weights are read here.
+    for tensor in _tensors(model.graph):
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            _read_external(path, tensor)
     try:
-        onnx.external_data_helper.load_external_data_for_model(model, str(path.parent))
         onnx.checker.check_model(model)
     except Exception as err:
         raise ModelError(f"{path}: not a valid ONNX model ({describe_failure(err)})") from err
@@ -40,14 +44,6 @@ def load_onnx(
             model, shape=inputs, dtype=dict(dtypes or {}) or "float32", freeze_params=True
         ),
     )
-
-
-def _external_locations(model: Any) -> Iterator[str]:
-    """The ``location`` of every tensor stored outside the file, subgraphs included."""
-    for tensor in _tensors(model.graph):
-        for entry in tensor.external_data:
-            if entry.key == "location":
-                yield str(entry.value)
 
 
 def _tensors(graph: Any) -> Iterator[Any]:
@@ -64,18 +60,57 @@ def _tensors(graph: Any) -> Iterator[Any]:
                 yield from _tensors(subgraph)
 
 
-def _check_location(path: Path, location: str) -> None:
-    """External data must be a plain file inside the model's own directory tree."""
-    folder = path.parent.resolve()
-    target = folder / location
-    inside = not Path(location).is_absolute() and target.resolve().is_relative_to(folder)
-    links = [p for p in [target, *target.parents] if p.is_symlink() and p.is_relative_to(folder)]
-    if not inside or links:
-        why = f"through the symlink {links[0].name!r}" if links else "outside the model's folder"
-        raise ModelError(
-            f"{path}: external tensor data {location!r} lies {why}; relay-tasks reads weights "
-            "only from regular files beside the model (copy them there)"
-        )
+#: A location's path components: plain names (no ``..``, no hidden or absolute paths).
+_COMPONENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,254}\Z")
+_NO_LINKS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _read_external(path: Path, tensor: Any) -> None:
+    """Put a tensor's external data into the tensor, read from a regular file in the model's
+    own folder tree: each component of its location opened without following a link, the byte
+    range checked against the file's size before anything is read."""
+    info = {entry.key: entry.value for entry in tensor.external_data}
+    location = str(info.get("location", ""))
+    parts = location.split("/")
+    if not all(_COMPONENT.match(part) for part in parts):
+        _refuse(path, location, "is not a path of plain names inside the model's folder")
+    try:
+        offset, length = int(info.get("offset", 0)), info.get("length")
+        length = None if length is None else int(length)
+    except ValueError:
+        _refuse(path, location, "has an offset or length that is not a number")
+    folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in parts[:-1]:
+            inner = os.open(part, _NO_LINKS | os.O_DIRECTORY, dir_fd=folder)
+            os.close(folder)
+            folder = inner
+        fd = os.open(parts[-1], _NO_LINKS | os.O_NONBLOCK, dir_fd=folder)
+    except OSError as err:
+        why = "passes through a symlink" if err.errno in (errno.ELOOP, errno.ENOTDIR) else ""
+        _refuse(path, location, why or f"cannot be opened ({err.strerror})")
+    finally:
+        os.close(folder)
+    with os.fdopen(fd, "rb") as handle:
+        size = os.fstat(handle.fileno())
+        if not stat.S_ISREG(size.st_mode):
+            _refuse(path, location, "is not a regular file")
+        end = size.st_size if length is None else offset + length
+        if not 0 <= offset <= end <= size.st_size:
+            _refuse(
+                path, location, f"asks for bytes {offset} to {end} of a {size.st_size}-byte file"
+            )
+        handle.seek(offset)
+        tensor.raw_data = handle.read(end - offset)
+    del tensor.external_data[:]
+    tensor.data_location = type(tensor).DEFAULT
+
+
+def _refuse(path: Path, location: str, why: str) -> NoReturn:
+    raise ModelError(
+        f"{path}: external tensor data {location!r} {why}; relay-tasks reads weights only from "
+        "regular files in the model's folder (copy them there)"
+    )
 
 
 def _input_shapes(model: Any, path: Path, shapes: Shapes | None) -> dict[str, list[int]]:

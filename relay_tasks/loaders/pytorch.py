@@ -8,6 +8,8 @@ the 2.2 line whose traced ops TVM 0.16's frontend maps.
 
 from __future__ import annotations
 
+import ast
+import functools
 import inspect
 import re
 import zipfile
@@ -57,6 +59,13 @@ def _check_archive(path: Path) -> None:
     try:
         with zipfile.ZipFile(path) as archive:
             names = archive.namelist()
+            code = {
+                name: archive.read(name)
+                for name in names
+                if "/code/" in name
+                and name.endswith(".py")
+                and archive.getinfo(name).file_size < MAX_CODE_BYTES
+            }
     except (OSError, zipfile.BadZipFile) as err:
         raise ModelError(
             f"{path}: not a TorchScript file (not a zip archive: {err}); save the model with "
@@ -68,6 +77,82 @@ def _check_archive(path: Path) -> None:
             "model files: unpickling runs code); save the model with "
             f"torch.jit.trace(model, example_inputs).save(path), or {ONNX_WAY_IN}"
         )
+    trees = {name: _parsed(source) for name, source in code.items()}
+    methods = {n.name for tree in trees.values() if tree for n in ast.walk(tree)
+               if isinstance(n, ast.FunctionDef)}  # fmt: skip
+    for name, tree in trees.items():
+        problem = _code_problem(tree, methods)
+        if problem:
+            raise ModelError(
+                f"{path}: its TorchScript code ({name.split('/code/', 1)[1]}) {problem}; "
+                "relay-tasks loads only what TVM's PyTorch frontend converts (TorchScript is "
+                f"code, and loading some of it runs it); {ONNX_WAY_IN}"
+            )
+
+
+#: TorchScript files hold each module's code as Python-like source; a model's is small.
+MAX_CODE_BYTES = 16 * 2**20
+#: Builtins the TorchScript serializer writes into traced and scripted modules.
+_BUILTINS = frozenset(
+    {"int", "float", "bool", "str", "len", "range", "annotate", "unchecked_cast",
+     "uninitialized", "getattr", "isinstance", "print", "ops.prim.NumToTensor"}
+)  # fmt: skip
+
+
+def _parsed(source: bytes) -> ast.Module | None:
+    try:
+        return ast.parse(source.decode())
+    except (SyntaxError, UnicodeDecodeError, ValueError, RecursionError, MemoryError):
+        return None
+
+
+def _code_problem(tree: ast.Module | None, methods: set[str]) -> str | None:
+    """What in one TorchScript source file is outside the allowlist, read with Python's ``ast``
+    (parsed, never run): module classes only, no special methods (``__setstate__`` runs while
+    the file loads), and calls only of operators the frontend converts, the serializer's
+    builtins and the archive's own methods (``methods``)."""
+    if tree is None:
+        return "cannot be read"
+    for node in tree.body:
+        bases = [ast.unparse(b) for b in node.bases] if isinstance(node, ast.ClassDef) else []
+        if bases != ["Module"]:
+            return "defines something other than a module class"
+    for found in ast.walk(tree):
+        if isinstance(found, ast.FunctionDef) and found.name.startswith("__"):
+            return f"defines {found.name}"
+        if isinstance(found, ast.Call):
+            called = _callee(found.func, methods)
+            if called is not None:
+                return f"calls {called[:60]}"
+    return None
+
+
+def _callee(func: ast.expr, methods: set[str]) -> str | None:
+    """The name a call reaches when it is not on the allowlist; None when it is."""
+    name = ast.unparse(func)
+    if name in _BUILTINS:
+        return None
+    if isinstance(func, ast.Attribute):
+        if func.attr in methods and not name.startswith(("torch.", "ops.")):
+            return None  # a submodule's method: (self.conv).forward(x)
+        for prefix, namespace in (("torch.", "aten"), ("ops.aten.", "aten"), ("ops.prim.", "prim")):
+            if name.startswith(prefix):
+                op = f"{namespace}::{func.attr}"
+                return None if _converts(op) else f"{op}, which TVM's frontend cannot convert"
+    return name
+
+
+def _converts(op: str) -> bool:
+    ops = _converted_ops()
+    return op in ops or op.rstrip("_") in ops  # in-place variants convert as their op
+
+
+@functools.cache
+def _converted_ops() -> frozenset[str]:
+    """The operators TVM's PyTorch frontend has a converter for (``aten::conv2d``, ...)."""
+    from tvm.relay import frontend  # the package first: it imports its modules in its order
+
+    return frozenset(frontend.pytorch.PyTorchOpConverter(None, "float32").convert_map)
 
 
 _NEWER_FORMAT = re.compile(r"version (\d+), but the maximum supported version for reading is (\d+)")

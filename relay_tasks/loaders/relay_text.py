@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import struct
 from pathlib import Path
 
 import tvm
@@ -21,11 +23,45 @@ def load_relay_text(path: Path) -> IRModule:
         raise ModelError(f"{path}: cannot read the file as text ({err})") from err
     with diagnostics() as messages:
         try:
-            return relay.parse(source, str(path))
+            mod = relay.parse(source, str(path))
         except tvm.TVMError as err:
             raise ModelError(
                 f"{path}: not valid Relay text: {diagnostic_text(messages, err)}"
             ) from err
+    for func in _functions(mod):
+        refuse_external_code(path, func)
+    return mod
+
+
+#: A C identifier: what a function's symbol becomes in the code a build generates.
+_SYMBOL = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,199}\Z")
+
+
+def refuse_external_code(path: Path, func: relay.Function) -> None:
+    """A model file describes TVM's own computation: a function for an external compiler
+    (``Compiler``) is handed to that compiler's code generator, which pastes the function's
+    symbol into C source that exporting the library compiles; and any symbol must be a C
+    identifier."""
+    attrs = func.attrs or {}
+    if "Compiler" in attrs:
+        raise ModelError(
+            f"{path}: a function for the external compiler {str(attrs['Compiler'])!r}: "
+            "relay-tasks reads only functions TVM itself compiles from a model file"
+        )
+    for key in ("global_symbol", "ExternalSymbol"):
+        if key in attrs and not _SYMBOL.match(str(attrs[key])):
+            raise ModelError(f"{path}: the {key} {str(attrs[key])[:60]!r} is not an identifier")
+
+
+def _functions(mod: IRModule) -> list[relay.Function]:
+    """Every Relay function of ``mod``, nested ones (closures, fused regions) included."""
+    found: list[relay.Function] = []
+    for func in mod.functions.values():
+        if isinstance(func, relay.Function):
+            relay.analysis.post_order_visit(
+                func, lambda node: found.append(node) if isinstance(node, relay.Function) else None
+            )
+    return found
 
 
 def load_params(path: Path) -> Params:
@@ -35,9 +71,63 @@ def load_params(path: Path) -> Params:
     except OSError as err:
         raise ModelError(f"{path}: cannot read the params file ({err})") from err
     try:
+        check_params_layout(blob)
         return dict(relay.load_param_dict(bytearray(blob)))
     except (tvm.TVMError, ValueError) as err:
-        raise ModelError(f"{path}: not a params file written by relay.save_param_dict") from err
+        why = f" ({err})" if isinstance(err, ValueError) else ""
+        raise ModelError(
+            f"{path}: not a params file written by relay.save_param_dict{why}"
+        ) from err
+
+
+_LIST_MAGIC, _ARRAY_MAGIC = 0xF7E58D4F05049CB7, 0xDD5E40F096B4A13F
+
+
+def check_params_layout(blob: bytes) -> None:
+    """Walk TVM's params layout (names, then per array: magic, device, ndim, dtype, shape,
+    byte size, data), checking every count and size against the bytes that are left before
+    TVM's reader allocates what the header claims (a 97-byte file can claim gigabytes);
+    ``ValueError`` says what does not fit."""
+    position = 0
+
+    def take(size: int) -> bytes:
+        nonlocal position
+        if not 0 <= size <= len(blob) - position:
+            raise ValueError(f"it claims {size} bytes at byte {position} of {len(blob)}")
+        position += size
+        return blob[position - size : position]
+
+    def number(fmt: str) -> int:
+        value: int = struct.unpack(fmt, take(struct.calcsize(fmt)))[0]
+        return value
+
+    if number("<Q") != _LIST_MAGIC:
+        raise ValueError("it does not start with the params magic number")
+    number("<Q")
+    names = number("<Q")
+    for _ in range(min(names, len(blob))):
+        take(number("<Q"))
+    if number("<Q") != names:
+        raise ValueError("it names a different number of arrays than it holds")
+    for _ in range(names):
+        if number("<Q") != _ARRAY_MAGIC:
+            raise ValueError(f"array at byte {position - 8} has no array magic number")
+        number("<Q")
+        device_type, _ = struct.unpack("<ii", take(8))
+        ndim = number("<i")
+        code, bits, lanes = struct.unpack("<BBH", take(4))
+        if device_type != 1 or not 0 <= ndim <= 32 or code not in (0, 1, 2, 4) or lanes != 1:
+            raise ValueError(f"array at byte {position} is not a CPU tensor of a plain dtype")
+        shape = struct.unpack(f"<{ndim}q", take(8 * ndim))
+        elements = 1
+        for dim in shape:
+            if dim < 0:
+                raise ValueError(f"array at byte {position} has a negative dimension")
+            elements *= dim
+        size = number("<q")
+        if size != elements * ((bits + 7) // 8):
+            raise ValueError(f"array at byte {position} claims {size} bytes for its shape")
+        take(size)
 
 
 def with_input_types(path: Path, mod: IRModule, shapes: Shapes, dtypes: DTypes) -> IRModule:

@@ -290,26 +290,22 @@ def test_extraction_is_quiet_and_leaves_tvms_settings_as_it_found_them() -> None
         dispatch.verbose, autotvm.GLOBAL_SCOPE.silent = before
 
 
-def test_task_payloads_round_trip_and_a_compute_filed_under_another_key_is_refused() -> None:
-    """A task file's Ansor payload gives the same search task back: workload key, the functions
-    it stands for (sorted: upstream joins them from a set), and the layout rewrite a relay
-    build would ask for on this target."""
-    from relay_tasks.adapters.ansor import decode, encode, merge
+def test_task_payloads_derive_the_same_search_task_here() -> None:
+    """A task file's Ansor payload (the primitive function) lowers here to the same search
+    task: workload key, the functions it stands for as the file names them, and the layout
+    rewrite a relay build would ask for on this target; another function's payload derives
+    another task."""
+    from relay_tasks.adapters.ansor import decode, encode, key, merge
 
     mod, params = load("repeated_blocks")
     rows = get_adapter("ansor").extract(mod, X86, params)
     target = tvm.target.Target(X86)
     for row in rows:
-        back = decode(encode(row.native), target)
+        back, source = decode(encode(row), target, row.name, row.weight)
         assert back.workload_key == row.native.workload_key
         assert back.desc == row.name == ",".join(sorted(row.native.desc.split(",")))
         assert int(back.layout_rewrite_option) == int(row.native.layout_rewrite_option)
-    # A task standing for several functions: their names sorted, whatever order they came in.
-    several = decode({**encode(rows[0].native), "desc": "fused_b,fused_a"}, target)
-    assert encode(several)["desc"] == "fused_a,fused_b"
-    other = encode(rows[1].native)
-    with pytest.raises(
-        ValueError, match="^the compute does not hash to the workload key it is filed under$"
-    ):
-        decode({**encode(rows[0].native), "tensors": other["tensors"]}, target)
+        assert tvm.ir.structural_equal(source.func, row.source.func)
+    other, _ = decode(encode(rows[1]), target, rows[0].name, rows[0].weight)
+    assert key(other) == rows[1].key != rows[0].key
     assert merge(rows[1:]) is rows[1].native

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import re
+
 import pytest
 import tvm
 from tvm import autotvm, relay, topi
@@ -366,24 +369,41 @@ def test_several_models_equal_upstreams_multiple_program_extraction() -> None:
         assert [(t.name, t.args) for t in ours] == [(t.name, t.args) for t in upstream]
 
 
-def test_task_payloads_round_trip_and_malformed_ones_are_refused() -> None:
+def test_task_payloads_derive_the_same_templates_here_and_malformed_ones_are_refused() -> None:
+    """A payload names the template and carries the function whose lowering traces it here
+    (alternatives of one dense come from one function); a task no function traced
+    carries the template's arguments instead, read from an allowlist."""
     from relay_tasks.adapters.autotvm import decode, encode, merge
 
     mod, params = load("dense_softmax")
     rows = get_adapter("autotvm").extract(mod, X86, params)
     target = tvm.target.Target(X86)
     for row in rows:
-        back = decode(encode(row.native), target)
+        back, source = decode(encode(row), target, row.name, row.weight)
         assert (back.name, back.args, str(back.target)) == (
             row.native.name,
             row.native.args,
             str(target),
         )
-    for bad in ({"template": 1, "args": []}, {"template": "dense_nopack.x86", "args": "x"}):
-        with pytest.raises(
-            TypeError, match="^an AutoTVM payload is a template name and a list of arguments$"
-        ):
-            decode(bad, target)
+        assert tvm.ir.structural_equal(source.func, row.source.func)
+        traced_only = {"template": row.native.name, "args": encode(row)}
+        traced_only["args"] = json.loads(json.dumps(row.native.args))
+        back, source = decode(traced_only, target, row.name, row.weight)
+        assert (back.name, back.args, source) == (row.native.name, row.native.args, None)
+    args = json.loads(json.dumps(rows[0].native.args))
+    refused = {
+        "1 is not a registered AutoTVM template": {"template": 1, "args": args},
+        "'system' is not a registered AutoTVM template": {"template": "system", "args": args},
+        "is not a template argument": {"template": rows[0].native.name, "args": ["a;b"]},
+        "is not an integer from 0 to 16777216": {
+            "template": rows[0].native.name,
+            "args": [["TENSOR", [2**40], "float32"]],
+        },
+        "its payload holds 'extra', which it may not": {**encode(rows[0]), "extra": 1},
+    }
+    for message, payload in refused.items():
+        with pytest.raises(ValueError, match=re.escape(message)):
+            decode(payload, target, "x", 1)
     assert merge(rows[1:]) is rows[1].native
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import re
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +17,7 @@ from tvm import relay
 
 from relay_tasks import ModelError, UsageError
 from relay_tasks.loaders import load_model, parse_shapes
+from relay_tasks.loaders.relay_text import load_params
 from relay_tasks.meta_schedule import extract_task_from_relay
 
 from checks import assert_same_extracted_tasks
@@ -95,11 +99,13 @@ def _with_external_weights(folder: Path) -> Path:
     return path
 
 
-def _relocate(path: Path, location: str) -> None:
+def _relocate(path: Path, location: str, length: str | None = None) -> None:
     model = onnx.load(str(path), load_external_data=False)
     for entry in model.graph.initializer[0].external_data:
         if entry.key == "location":
             entry.value = location
+        if entry.key == "length" and length is not None:
+            entry.value = length
     onnx.save(model, str(path))
 
 
@@ -111,22 +117,50 @@ def test_onnx_external_weights_beside_the_model(tmp_path: Path) -> None:
     assert params.keys() == inline_params.keys()
 
 
-@pytest.mark.parametrize("how", ["symlink", "parent", "absolute", "linked folder"])
-def test_onnx_external_data_may_not_leave_the_model_folder(tmp_path: Path, how: str) -> None:
+EXTERNAL_ATTACKS = {
+    "symlink": "passes through a symlink",
+    "linked folder": "passes through a symlink",
+    "parent": "is not a path of plain names inside the model's folder",
+    "absolute": "is not a path of plain names inside the model's folder",
+    "hidden, as onnx strips it": "is not a path of plain names inside the model's folder",
+    "a NUL byte": "is not a path of plain names inside the model's folder",
+    "a FIFO": "is not a regular file",
+    "past the end": "asks for bytes 0 to 1000000 of a",
+}
+
+
+@pytest.mark.parametrize("how", EXTERNAL_ATTACKS)
+def test_onnx_external_data_is_only_a_regular_file_in_the_model_folder(
+    tmp_path: Path, how: str
+) -> None:
+    """Issue 26: onnx 1.15 opens ``join(base, location.lstrip("/."))`` and follows links, so
+    the weights are read by relay-tasks itself, component by component, without following."""
     path = _with_external_weights(tmp_path / "model")
     secret = tmp_path / "secret.bin"
     secret.write_bytes((path.parent / "weights.bin").read_bytes())  # would load, if followed
+    length = None
     if how == "symlink":
         (path.parent / "link").symlink_to(secret)
         location = "link"
     elif how == "linked folder":
         (path.parent / "data").symlink_to(tmp_path)
         location = "data/secret.bin"
+    elif how == "hidden, as onnx strips it":
+        (path.parent / "evil").symlink_to(tmp_path)
+        location = ".evil/secret.bin"
+    elif how == "a NUL byte":
+        location = "weights.bin\0"
+    elif how == "a FIFO":
+        os.mkfifo(path.parent / "pipe")
+        location = "pipe"
+    elif how == "past the end":
+        location, length = "weights.bin", "1000000"
     else:
         location = "../secret.bin" if how == "parent" else str(secret)
-    _relocate(path, location)
-    why = "through the symlink" if "link" in how else "outside the model's folder"
-    with pytest.raises(ModelError, match=f"conv.onnx: external tensor data .* lies {why}"):
+    _relocate(path, location, length)
+    with pytest.raises(
+        ModelError, match=f"conv.onnx: external tensor data .* {EXTERNAL_ATTACKS[how]}"
+    ):
         load_model(path)
 
 
@@ -195,3 +229,64 @@ def test_parse_shapes_rejects(text: str) -> None:
     """A spelling mistake on the command line is a usage error (exit 2), not a bad model."""
     with pytest.raises(UsageError):
         parse_shapes(text)
+
+
+def _params_claiming(ndim: int, dims: tuple[int, ...] = ()) -> bytes:
+    """A params file of one array whose header claims ``ndim`` dimensions (97 bytes for the
+    issue's ``ndim`` of 2**30: TVM's reader allocated 1.3 GB for its shape before refusing)."""
+    name = b"w"
+    header = struct.pack("<QQQQ", 0xF7E58D4F05049CB7, 0, 1, len(name)) + name
+    array = struct.pack("<QQQ", 1, 0xDD5E40F096B4A13F, 0) + struct.pack("<ii", 1, 0)
+    array += struct.pack("<iBBH", ndim, 2, 32, 1) + struct.pack(f"<{len(dims)}q", *dims)
+    return header + array + struct.pack("<q", 4)
+
+
+@pytest.mark.parametrize(
+    ("ndim", "dims", "why"),
+    [
+        (2**30, (), "is not a CPU tensor of a plain dtype"),
+        (2, (2**40, 2**20), "claims 4 bytes for its shape"),
+        (1, (1,), "it claims 4 bytes at byte"),
+    ],
+    ids=["huge ndim", "huge shape", "cut short"],
+)
+def test_a_params_header_is_checked_against_the_file_before_anything_is_allocated(
+    tmp_path: Path, ndim: int, dims: tuple[int, ...], why: str
+) -> None:
+    path = tmp_path / "w.params"
+    path.write_bytes(_params_claiming(ndim, dims))
+    with pytest.raises(ModelError, match=f"w.params: not a params file .*{why}"):
+        load_params(path)
+    path.write_bytes(relay.save_param_dict({"w": np.ones((2, 3), "float32")}))
+    assert load_params(path)["w"].shape == (2, 3)
+
+
+_BYOC_TEXT = """#[version = "0.0.5"]
+def @main(%x: Tensor[(1, 4), float32]) {
+  %0 = fn (%y: Tensor[(1, 4), float32], ATTRS) {
+    add(%y, %y)
+  };
+  %0(%x)
+}
+"""
+
+
+@pytest.mark.parametrize(
+    ("attrs", "why"),
+    [
+        ('Compiler="ccompiler", global_symbol="f() {}\\nvoid __attribute__((constructor)) g"',
+         "a function for the external compiler 'ccompiler'"),
+        ('global_symbol="f() {}\\nvoid g"', "the global_symbol 'f() {}\\\\nvoid g' is not an"),
+    ],
+    ids=["external compiler", "symbol that is code"],
+)  # fmt: skip
+def test_relay_text_carrying_code_for_the_c_compiler_is_refused(tmp_path: Path, attrs, why):
+    """Issue 26: the ccompiler code generator pastes a function's symbol into C source that
+    exporting the library compiles; extraction used to report 0 tasks, silently."""
+    path = tmp_path / "evil.relay"
+    path.write_text(_BYOC_TEXT.replace("ATTRS", attrs))
+    with pytest.raises(ModelError, match=re.escape(f"evil.relay: {why}")):
+        load_model(path)
+    plain = tmp_path / "plain.relay"
+    plain.write_text(_BYOC_TEXT.replace(", ATTRS", ""))
+    load_model(plain)

@@ -8,6 +8,7 @@ import re
 import sys
 import zipfile
 from pathlib import Path
+from typing import Tuple  # noqa: UP035 (TorchScript reads the annotations)
 
 import pytest
 import torch
@@ -171,7 +172,8 @@ def _pickled(path: Path) -> Path:
         (
             lambda tmp, tiny: _save(Unconvertible(), torch.randn(4, 4), tmp / "cummax.pt"),
             ["--input-shapes", "x:[4,4]"],
-            r"cannot convert it: The following operators are not implemented: \['aten::cummax'\]; replace the op, or export it with torch.onnx.export",
+            r"its TorchScript code \(__torch__/test_pytorch.py\) calls aten::cummax, which TVM's "
+            r"frontend cannot convert; .* export it with torch.onnx.export",
         ),
         (
             lambda tmp, tiny: _tampered_version(tiny, tmp / "newer.pt"),
@@ -244,3 +246,43 @@ def test_module_errors() -> None:
 
     with pytest.raises(ModelError, match="cannot trace ReturnsDict: .*torchscript=True"):
         load_model(ReturnsDict(), example_inputs=torch.zeros(2))
+
+
+class _WritesOnLoad(torch.nn.Module):
+    """A module whose ``__setstate__`` runs while ``torch.jit.load`` reads the file, and
+    creates (or overwrites) the file named in ``marker``: what ``torch.from_file`` with
+    ``shared=True`` does to any path."""
+
+    def __init__(self, marker: str) -> None:
+        super().__init__()
+        self.marker = marker
+        self.weight = torch.zeros(4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.weight
+
+    @torch.jit.export
+    def __getstate__(self) -> Tuple[str, torch.Tensor, bool]:  # noqa: UP006 (TorchScript)
+        return (self.marker, self.weight, self.training)
+
+    @torch.jit.export
+    def __setstate__(self, state: Tuple[str, torch.Tensor, bool]) -> None:  # noqa: UP006
+        self.marker = state[0]
+        self.weight = torch.from_file(state[0], True, 4)
+        self.training = state[2]
+
+
+def test_torchscript_code_outside_the_allowlist_never_runs(tmp_path: Path, capsys) -> None:
+    """Issue 26: TorchScript is code. The archive's source is read with Python's ast before
+    torch loads it: no special method, only operators the frontend converts."""
+    marker = tmp_path / "written"
+    path = tmp_path / "evil.pt"
+    torch.jit.script(_WritesOnLoad(str(marker))).save(str(path))
+    assert not marker.exists()  # saving ran nothing
+    assert main(["extract", str(path), "--input-shapes", "x:[4]"]) == 3
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "its TorchScript code" in err
+    assert "defines __getstate__" in err or "defines __setstate__" in err
+    assert not marker.exists()
+    torch.jit.load(str(path))  # the payload is live: torch's own loader runs it
+    assert marker.exists()

@@ -3,8 +3,14 @@ and write nothing outside it through a link or a task name."""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
 import pickle
 import shutil
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -38,15 +44,54 @@ def _plant(work: Path, marker: Path) -> None:
 
 
 @pytest.mark.parametrize("tuner", ["autotvm"])
-def test_nothing_in_the_work_dir_is_imported_or_unpickled(tuner, tiny, tmp_path) -> None:
-    """AutoTVM starts builders and an RPC server: none of them runs from the work dir."""
+def test_nothing_in_the_work_dir_is_imported_or_unpickled_and_nothing_listens(
+    tuner, tiny, tmp_path
+) -> None:
+    """AutoTVM starts builders and runners: none of them runs from the work dir, and local
+    measurement opens no port another local user could connect to (AutoTVM's own local
+    runner starts a tracker and a server on 127.0.0.1)."""
     work, marker = tmp_path / "work", tmp_path / "ran"
     _plant(work, marker)
     before = {p.name for p in (work / ".pkl_memoize_py3").iterdir()}
-    assert main(tune_argv(tiny, tuner, work, 2)) == 0
+    command = [sys.executable, "-m", "relay_tasks.cli", *tune_argv(tiny, tuner, work, 2)]
+    child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    listening: set[int] = set()
+    while child.poll() is None:
+        listening |= _listening_ports(child.pid)
+        time.sleep(0.1)
+    assert child.returncode == 0, child.stderr.read().decode() if child.stderr else ""
+    assert listening == set()
     assert valid_count(work, tuner) == 2
     assert not marker.exists()
     assert {p.name for p in (work / ".pkl_memoize_py3").iterdir()} == before  # none written
+
+
+def _listening_ports(root: int) -> set[int]:
+    """TCP ports that ``root`` or any process under it listens on (read from /proc)."""
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+    tree, grew = {root}, True
+    while grew:
+        more = {pid for pid, parent in parents.items() if parent in tree} - tree
+        tree, grew = tree | more, bool(more)
+    sockets = set()
+    for pid in tree:
+        with contextlib.suppress(OSError):
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                with contextlib.suppress(OSError):
+                    target = os.readlink(fd)
+                    if target.startswith("socket:["):
+                        sockets.add(target[8:-1])
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for row in Path(table).read_text().splitlines()[1:]:
+                fields = row.split()
+                if fields[3] == "0A" and fields[9] in sockets:  # 0A: LISTEN
+                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
 
 
 @pytest.mark.parametrize("tuner", TUNERS)
@@ -91,3 +136,49 @@ def test_a_cut_line_is_not_set_aside_through_a_link(tiny, tuned, tmp_path, capsy
     assert main(tune_argv(tiny, "autotvm", work, 5)) == 7
     assert "cannot set aside the cut last line" in capsys.readouterr().err
     assert elsewhere.read_text() == "the user's file\n"
+
+
+def _annotated(line: str) -> str:
+    """A MetaSchedule record whose trace also annotates its first block with LLVM IR to link."""
+    record = json.loads(line)
+    record[1][0][0].insert(1, ["Annotate", ["b0", '"define void @f() { ret void }"'],
+                               ["pragma_import_llvm"], []])  # fmt: skip
+    return json.dumps(record)
+
+
+def _autotvm_knob(line: str) -> str:
+    record = json.loads(line)
+    record["config"]["entity"].append(["unroll_explicit", "ot", "__import__('os')"])
+    return json.dumps(record)
+
+
+#: Per tuner: a record changed as a work dir from elsewhere could hold it, and the refusal.
+RECORD_ATTACKS = {
+    "meta_schedule": (_annotated, "its trace annotates 'pragma_import_llvm'"),
+    "autotvm": (_autotvm_knob, "its knob 'unroll_explicit' has the value \"__import__('os')\""),
+    "ansor": (
+        lambda line: line.replace('"auto_unroll_max_step$0"', '"import_llvm"'),
+        "it asks for the pragma 'import_llvm', which Ansor does not write",
+    ),
+}
+
+
+@pytest.mark.parametrize("tuner", TUNERS)
+def test_a_record_outside_the_allowlist_is_refused_before_a_tuner_reads_it(
+    tuner, tiny, tuned, tmp_path, capsys
+) -> None:
+    """Issue 26: a record is replayed on resume and by compile, and a schedule can carry code
+    (an annotation or pragma named ``pragma_import_llvm`` makes codegen link LLVM IR)."""
+    work = tmp_path / "work"
+    shutil.copytree(tuned[tuner], work)
+    log = work / LOGS[tuner]
+    lines = log.read_text().splitlines()
+    change, message = RECORD_ATTACKS[tuner]
+    changed = [change(line) for line in lines]
+    number = next(n for n, (a, b) in enumerate(zip(lines, changed, strict=True), start=1) if a != b)
+    log.write_text("\n".join(lines[: number - 1] + changed[number - 1 : number] + lines[number:]))
+    for argv in (tune_argv(tiny, tuner, work, 5), ["status", "--work-dir", str(work)]):
+        assert main(argv) == 3
+        err = capsys.readouterr().err
+        assert len(err.splitlines()) == 1
+        assert f"{log}, line {number}: not a record the tuner wrote ({message}" in err
