@@ -34,6 +34,7 @@ def test_equals_upstream_extraction(model: str, target: str, simple: bool) -> No
         assert _ours(model, target, include_simple_tasks=simple) == expected
 
 
+@pytest.mark.slow  # 31 s; the default run compares ResNet-18 on CUDA with the patch applied
 def test_ours_needs_no_patch_on_cuda_where_stock_upstream_fails() -> None:
     mod, params = load("resnet-18")
     hardware = oracles.hardware_params(CUDA)

@@ -34,6 +34,7 @@ def test_equals_upstream_extraction(model: str, target: str) -> None:
         assert _ours(model, target) == expected
 
 
+@pytest.mark.slow  # 27 s; the default run compares ResNet-18 on CUDA with the patch applied
 @pytest.mark.parametrize("model", ["resnet-18"])
 def test_ours_needs_no_patch_on_cuda_where_stock_upstream_fails(model: str) -> None:
     mod, params = load(model)

@@ -152,14 +152,18 @@ def _autotvm_knob(line: str) -> str:
     return json.dumps(record)
 
 
+def _ansor_pragma(line: str) -> str:
+    """An Ansor record whose steps end with a pragma naming LLVM IR to import."""
+    record = json.loads(line)
+    record["i"][1][1].append(["PR", 0, 0, "import_llvm"])
+    return json.dumps(record)
+
+
 #: Per tuner: a record changed as a work dir from elsewhere could hold it, and the refusal.
 RECORD_ATTACKS = {
     "meta_schedule": (_annotated, "its trace annotates 'pragma_import_llvm'"),
     "autotvm": (_autotvm_knob, "its knob 'unroll_explicit' has the value \"__import__('os')\""),
-    "ansor": (
-        lambda line: line.replace('"auto_unroll_max_step$0"', '"import_llvm"'),
-        "it asks for the pragma 'import_llvm', which Ansor does not write",
-    ),
+    "ansor": (_ansor_pragma, "it asks for the pragma 'import_llvm', which Ansor does not write"),
 }
 
 
@@ -174,9 +178,8 @@ def test_a_record_outside_the_allowlist_is_refused_before_a_tuner_reads_it(
     log = work / LOGS[tuner]
     lines = log.read_text().splitlines()
     change, message = RECORD_ATTACKS[tuner]
-    changed = [change(line) for line in lines]
-    number = next(n for n, (a, b) in enumerate(zip(lines, changed, strict=True), start=1) if a != b)
-    log.write_text("\n".join(lines[: number - 1] + changed[number - 1 : number] + lines[number:]))
+    number = 1  # the first record: every work dir has one
+    log.write_text("\n".join([change(lines[0]), *lines[1:]]) + "\n")
     for argv in (tune_argv(tiny, tuner, work, 5), ["status", "--work-dir", str(work)]):
         assert main(argv) == 3
         err = capsys.readouterr().err

@@ -3,15 +3,21 @@ toward a budget, and survives a cut last line; other damage is one error naming 
 
 from __future__ import annotations
 
+import json
 import shutil
+import tempfile
 from pathlib import Path
+from typing import Any
 
+import hypothesis
 import numpy as np
 import pytest
 import tvm
+from hypothesis import strategies as st
 from tvm import relay
 
 import relay_tasks
+from relay_tasks.adapters import get_adapter
 from relay_tasks.cli import main
 
 from tuned_models import TUNERS, raw_measurements, tune_argv, valid_count
@@ -128,3 +134,74 @@ def test_a_record_the_tuner_cannot_read_is_one_error_naming_it(tuner, tuned, tmp
     err = capsys.readouterr().err
     assert err.startswith(f"relay-tasks: error: {log}, line 2: not a record the tuner wrote (")
     assert len(err.splitlines()) == 1
+
+
+_VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**40), 2**40),
+    st.floats(allow_nan=False),
+    st.text(max_size=8),
+    st.sampled_from(["pragma_import_llvm", "Annotate", "PR", "import_llvm", "ot", "sp"]),
+    st.lists(st.integers(-3, 64), max_size=3),
+)
+
+
+def _paths(node: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    children = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(
+        node, list) else ()  # fmt: skip
+    found = [path] if path else []
+    for key, child in children:
+        found += _paths(child, (*path, key))
+    return found
+
+
+def _mutated(line: str, data: st.DataObject) -> str:
+    """One record damaged or edited: cut, a value replaced or dropped, a character changed."""
+    how = data.draw(st.sampled_from(["cut", "replace", "drop", "char"]))
+    if how == "cut":
+        return line[: data.draw(st.integers(1, len(line) - 1))]
+    if how == "char":
+        where = data.draw(st.integers(0, len(line) - 1))
+        return line[:where] + data.draw(st.characters()) + line[where + 1 :]
+    record = json.loads(line)
+    path = data.draw(st.sampled_from(_paths(record)))
+    container = record
+    for step in path[:-1]:
+        container = container[step]
+    if how == "drop":
+        del container[path[-1]]
+    else:
+        container[path[-1]] = data.draw(_VALUES)
+    return json.dumps(record)
+
+
+@pytest.mark.parametrize("tuner", TUNERS)
+@hypothesis.settings(
+    max_examples=60,
+    deadline=None,
+    database=None,
+    suppress_health_check=[hypothesis.HealthCheck.function_scoped_fixture],
+)
+@hypothesis.given(data=st.data())
+def test_a_mutated_record_reads_or_fails_with_one_model_error(tuner, tuned, data) -> None:
+    """Issue 26: records from elsewhere are read by the allowlists and the tuners' own readers;
+    whatever a record becomes, reading the work dir gives every record or one ``ModelError``
+    naming the file and the line (never another exception, never a crash)."""
+    log = LOGS[tuner]
+    lines = (tuned[tuner] / log).read_text().splitlines()
+    number = data.draw(st.integers(0, len(lines) - 2))  # a cut last line is set aside instead
+    changed = _mutated(lines[number], data)
+    hypothesis.assume(changed != lines[number])
+    with tempfile.TemporaryDirectory() as folder:
+        work = Path(folder) / "work"
+        shutil.copytree(tuned[tuner], work)
+        (work / log).write_text("\n".join([*lines[:number], changed, *lines[number + 1 :]]) + "\n")
+        try:
+            read = get_adapter(tuner).measurements(work)
+        except relay_tasks.ModelError as err:
+            assert "\n" not in str(err) and f"{log}, line {number + 1}: " in str(err)
+            hypothesis.event(str(err).split("(")[1][:40] if "(" in str(err) else str(err)[:40])
+            return
+    hypothesis.event("read")
+    assert len(read) == len(lines)
