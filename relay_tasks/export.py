@@ -18,6 +18,7 @@ import faulthandler
 import hashlib
 import json
 import os
+import select
 import signal
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -136,13 +137,13 @@ def _read(document: Any) -> TaskFile:
             tasks.append(_task(adapter, entry, target, index))
         return tasks
 
-    crashed = _crash_in_a_child(derive)
-    if crashed is not None:
-        index, signal_name = crashed
+    failed = _crash_in_a_child(derive)
+    if failed is not None:
+        index, what = failed
         entry = document["tasks"][index]
         raise _Damaged(
-            f"task {index} ({entry['name']}): its function crashes TVM when lowered "
-            f"({signal_name}): no extraction writes such a function; {HOW_TO_REWRITE}"
+            f"task {index} ({entry['name']}): its function {what}: no extraction writes such a "
+            f"function; {HOW_TO_REWRITE}"
         )
     return TaskFile(adapter.name, target, tuple(document["models"]), derive())
 
@@ -151,9 +152,10 @@ def _crash_in_a_child(derive: Callable[[Callable[[int], None]], object]) -> tupl
     """Derive the tasks first in a forked child: TVM's type relations and computes assume
     well-formed calls, and some crash the process on a call no extraction makes (an attribute
     left at a default it never has, a tensor where a tuple belongs). The function is checked
-    against an allowlist before, but only TVM itself knows what each operator accepts. Returns
-    the index of the task the child died on, with the signal, or None if it finished (then the
-    same work, deterministic, is safe here)."""
+    against an allowlist before, but only TVM itself knows what each operator accepts; nor does
+    it bound how long a computation's lowering takes. Returns the index of the task the child
+    died on (or spent :data:`LOWERING_SECONDS` on) with what happened, or None if it finished
+    (then the same work, deterministic, is safe here)."""
     reader, writer = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: quiet, and gone without running any exit handler
@@ -171,13 +173,33 @@ def _crash_in_a_child(derive: Callable[[Callable[[int], None]], object]) -> tupl
         finally:
             os._exit(0)
     os.close(writer)
-    with os.fdopen(reader, "rb") as progress:
-        reached = progress.read()
+    reached = b""
+    with os.fdopen(reader, "rb", buffering=0) as progress:
+        while chunk := _next_report(progress, pid):
+            reached += chunk
+    index = int.from_bytes(reached[-4:], "little") if len(reached) >= 4 else 0
     _, status = os.waitpid(pid, 0)
-    if not os.WIFSIGNALED(status):
+    if chunk is None:
+        return index, f"takes TVM more than {LOWERING_SECONDS:g} s to lower"
+    if os.WIFSIGNALED(status):
+        return index, f"crashes TVM when lowered ({signal.Signals(os.WTERMSIG(status)).name})"
+    return None
+
+
+#: How long the lowering of one task may take (real ones take milliseconds, a few seconds for
+#: an AutoTVM template with a large config space).
+LOWERING_SECONDS = 120.0
+
+
+def _next_report(progress: Any, pid: int) -> bytes | None:
+    """The child's next report (b"" once it has exited); None, the child killed, when it has
+    said nothing for :data:`LOWERING_SECONDS`."""
+    ready, _, _ = select.select([progress], [], [], LOWERING_SECONDS)
+    if not ready:
+        os.kill(pid, signal.SIGKILL)
         return None
-    index = int.from_bytes(reached[-4:], "little") if reached else 0
-    return index, signal.Signals(os.WTERMSIG(status)).name
+    chunk: bytes = progress.read(4096)
+    return chunk
 
 
 def _task(adapter: Adapter, entry: dict[str, Any], target: Target, index: int) -> TunerTask:

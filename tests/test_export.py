@@ -576,3 +576,29 @@ def test_task_files_are_indented_with_sorted_keys(task_texts) -> None:
     keys: list[list[str]] = []
     json.loads(text, object_pairs_hook=lambda pairs: keys.append([k for k, _ in pairs]) or {})
     assert all(k == sorted(k) for k in keys) and any(len(k) > 1 for k in keys)
+
+
+def test_a_lowering_that_never_ends_or_crashes_is_named_with_its_task(monkeypatch) -> None:
+    """The forked derivation reports the task it works on: a child that stops answering is
+    killed after ``LOWERING_SECONDS`` and a crash is named by its signal, each with the task."""
+    import signal
+    import time
+
+    from relay_tasks import export
+
+    def hangs_at_2(report: Callable[[int], None]) -> None:
+        for index in range(3):
+            report(index)
+        time.sleep(60)
+
+    def crashes_at_1(report: Callable[[int], None]) -> None:
+        report(0)
+        report(1)
+        os.kill(os.getpid(), signal.SIGSEGV)
+
+    monkeypatch.setattr(export, "LOWERING_SECONDS", 0.5)
+    started = time.monotonic()
+    assert export._crash_in_a_child(hangs_at_2) == (2, "takes TVM more than 0.5 s to lower")
+    assert time.monotonic() - started < 10
+    assert export._crash_in_a_child(crashes_at_1) == (1, "crashes TVM when lowered (SIGSEGV)")
+    assert export._crash_in_a_child(lambda report: report(0)) is None
