@@ -121,11 +121,11 @@ def trace_problem(trace: Any) -> str | None:
         if not isinstance(inst, list) or len(inst) != 4 or not isinstance(inst[2], list):
             return "an instruction is not [kind, inputs, attributes, outputs]"
         kind = inst[0]
-        if kind not in TRACE_INSTRUCTIONS:
+        if not _one_of(kind, TRACE_INSTRUCTIONS):
             return f"its trace holds the instruction {str(kind)[:60]!r}, which no search writes"
         if kind in ("Annotate", "Unannotate"):
             key = inst[2][0] if inst[2] else None
-            if key not in TRACE_ANNOTATIONS:
+            if not _one_of(key, TRACE_ANNOTATIONS):
                 return f"its trace annotates {str(key)[:60]!r}, which no search writes"
     return None
 
@@ -135,7 +135,7 @@ def ansor_problem(steps: Any) -> str | None:
     if not isinstance(steps, list):
         return "its steps are not a list"
     for step in steps:
-        if not isinstance(step, list) or not step or step[0] not in ANSOR_STEPS:
+        if not isinstance(step, list) or not step or not _one_of(step[0], ANSOR_STEPS):
             name = step[0] if isinstance(step, list) and step else step
             return f"it holds the step {str(name)[:60]!r}, which Ansor does not write"
         if step[0] == "PR" and not (len(step) == 4 and ANSOR_PRAGMA.match(str(step[3]))):
@@ -156,10 +156,10 @@ def autotvm_problem(record: Any, templates: Any) -> str | None:
         entity = record["config"]["entity"]
     except (KeyError, IndexError, TypeError):
         return "it is not an AutoTVM record"
-    if not isinstance(template, str) or template not in templates:
+    if not _one_of(template, templates):
         return f"it names {str(template)[:60]!r}, which is no registered AutoTVM template"
     for knob in entity if isinstance(entity, list) else [None]:
-        if not isinstance(knob, list) or len(knob) != 3 or knob[1] not in AUTOTVM_KNOBS:
+        if not isinstance(knob, list) or len(knob) != 3 or not _one_of(knob[1], AUTOTVM_KNOBS):
             return f"its knob {str(knob)[:60]} is not one AutoTVM writes"
         if knob[1] == "ot" and not (
             type(knob[2]) in (bool, int, float)
@@ -167,3 +167,8 @@ def autotvm_problem(record: Any, templates: Any) -> str | None:
         ):
             return f"its knob {knob[0]!r} has the value {str(knob[2])[:60]!r}"
     return None
+
+
+def _one_of(value: Any, allowed: Any) -> bool:
+    """``value`` is one of the ``allowed`` names (a record can hold any JSON value there)."""
+    return isinstance(value, str) and value in allowed

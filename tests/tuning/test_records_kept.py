@@ -177,8 +177,11 @@ def _mutated(line: str, data: st.DataObject) -> str:
 
 
 @pytest.mark.parametrize("tuner", TUNERS)
+# Derandomized: the same mutations in every run, so CI is reproducible. (Its first find, in a
+# random run: a list where a step's name belongs, which the allowlists then failed on.)
 @hypothesis.settings(
     max_examples=60,
+    derandomize=True,
     deadline=None,
     database=None,
     suppress_health_check=[hypothesis.HealthCheck.function_scoped_fixture],
