@@ -118,8 +118,11 @@ def test_a_signal_stops_tuning_keeps_the_records_and_the_tune_resumes(
     out, err = child.communicate(timeout=30)
     assert time.monotonic() - sent < 10
     assert child.returncode == 128 + signum
-    assert out == "" and err.startswith("relay-tasks: interrupted: stopped; ")
-    assert len(err.splitlines()) == 1
+    # Off a terminal a progress line comes every 30 s: a slow host shows one before the signal.
+    lines = [line for line in err.splitlines() if not line.startswith("relay-tasks: tuning task")]
+    assert (
+        out == "" and len(lines) == 1 and lines[0].startswith("relay-tasks: interrupted: stopped; ")
+    )
     assert _worker_processes(work) == []
     kept = valid_count(work, tuner)
     assert kept >= 1 and f"{kept} valid measurements are kept" in err
