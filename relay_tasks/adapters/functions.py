@@ -51,10 +51,9 @@ def function_data(func: relay.Function) -> list[Any]:
     table: list[Any] = []
     index: dict[Any, int] = {}
 
-    def add(node: Any, entry: list[Any]) -> int:
+    def add(node: Any, entry: list[Any]) -> None:
+        index[node] = len(table)
         table.append(entry)
-        index[node] = len(table) - 1
-        return index[node]
 
     for param in func.params:
         add(param, ["var", param.name_hint, _type_data(param.type_annotation)])
