@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib
 import json
 import os
 import subprocess
@@ -532,9 +533,22 @@ def test_each_damage_is_named_exactly(damage: str, task_texts, tmp_path: Path) -
     assert str(caught.value) == f"{path}: {message}"
 
 
-def test_unreadable_and_too_deep_files_are_named(tmp_path: Path) -> None:
-    with pytest.raises(relay_tasks.ModelError, match=r"tasks.json: cannot read the task file \("):
-        load_tasks((tmp_path / "tasks.json").mkdir() or tmp_path / "tasks.json")
+def test_unreadable_and_too_deep_files_are_named(tmp_path: Path, monkeypatch) -> None:
+    with pytest.raises(relay_tasks.ModelError, match=r"missing.json: cannot read the task file \("):
+        load_tasks(tmp_path / "missing.json")
+    (tmp_path / "folder").mkdir()
+    os.mkfifo(tmp_path / "fifo")  # no writer: reading it would wait for ever
+    for name in ("folder", "fifo"):
+        with pytest.raises(relay_tasks.ModelError, match=f"{name}: not a regular file; give "):
+            load_tasks(tmp_path / name)
+    monkeypatch.setattr(importlib.import_module("relay_tasks.export"), "MAX_FILE_BYTES", 1000)
+    large = tmp_path / "large.json"
+    large.write_text(" " * 1001)  # refused before its text is parsed
+    with pytest.raises(
+        relay_tasks.ModelError, match="large.json: larger than 1,000 bytes, which no task "
+    ):
+        load_tasks(large)
+    monkeypatch.undo()
     deep = tmp_path / "deep.json"
     deep.write_text("[" * 100_000 + "]" * 100_000)
     with pytest.raises(relay_tasks.ModelError) as caught:

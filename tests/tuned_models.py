@@ -92,7 +92,7 @@ def tune_in_process(tuner: str, folder: Path, budgets: Sequence[int]) -> InProce
     for trials in budgets:
         tune_until(adapter, tasks, target, trials, work, Runner())
     return InProcess(
-        raw_measurements(work, tuner), lambda: adapter.build(mod, target, params, work)
+        raw_measurements(work, tuner), lambda: adapter.build(mod, target, params, work, tasks)
     )
 
 

@@ -289,7 +289,7 @@ def flops(task: auto_scheduler.SearchTask) -> float:
     return float(task.compute_dag.flop_ct)
 
 
-def build(mod: Any, target: Target, params: Any, work_dir: Path) -> Any:
+def build(mod: Any, target: Target, params: Any, work_dir: Path, tasks: Sequence[TunerTask]) -> Any:
     """``relay.build`` with the log's best states applied, as upstream's tutorial builds."""
     records = auto_scheduler.ApplyHistoryBest(str(work_dir / "ansor.json"))
     with records, tvm.transform.PassContext(opt_level=3, config=PASS_CONFIG):

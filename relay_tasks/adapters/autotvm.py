@@ -334,11 +334,12 @@ def tune(
     """XGBTuner per task, until the log holds ``trials`` valid measurements in all (see
     :func:`allotments`; a failed measurement does not count, so a rerun retries it)."""
     log = work_dir / "autotvm.log"
-    history = list(autotvm.record.load_from_file(str(log))) if log.exists() else []
     valid: dict[str, int] = {}
     for m in measurements(work_dir):
         valid[m.key] = valid.get(m.key, 0) + m.valid
     natives = [create_task(t.native.name, t.native.args, target) for t in tasks]
+    check_configs(natives, log)
+    history = list(autotvm.record.load_from_file(str(log))) if log.exists() else []
     plan = allotments(
         trials, [valid.get(t.key, 0) for t in tasks], [len(n.config_space) for n in natives]
     )
@@ -453,6 +454,36 @@ def _builder(runner: Runner) -> Any:
     return autotvm.LocalBuilder(timeout=runner.timeout)
 
 
+def check_configs(natives: Sequence[autotvm.task.Task], log: Path) -> None:
+    """A record of one of ``natives`` may only choose values its config space holds: AutoTVM
+    applies a record's knobs as written, and a value no search draws (a split that does not
+    divide, an unroll of millions) gives schedules nobody meant to build. Records of other
+    tasks (other models sharing the work dir) are never applied to these."""
+    spaces = {key(n): n.config_space for n in natives}
+    for number, line in record_lines(log):
+        record = json.loads(line)
+        space = spaces.get(key(autotvm.record.decode(line)[0].task))
+        problem = None if space is None else _outside(record["config"]["entity"], space)
+        if problem:
+            raise damaged(log, number, problem)
+
+
+#: The attribute of a knob's entities that a record's value stands for, by knob kind.
+_KNOB_VALUE = {"sp": "size", "re": "perm", "an": "anns", "ot": "val"}
+
+
+def _outside(knobs: list[list[Any]], space: ConfigSpace) -> str | None:
+    """Why a record's knobs (``[name, kind, value]``) are not a point of ``space``, or None."""
+    names = [k[0] for k in knobs]
+    if not all(isinstance(n, str) for n in names) or sorted(names) != sorted(space.space_map):
+        return "its knobs are not those of its task's config space"
+    for name, kind, value in knobs:
+        field = _KNOB_VALUE[kind]
+        if all(getattr(e, field, None) != value for e in space.space_map[name].entities):
+            return f"its knob {name!r} = {str(value)[:60]} is outside its task's config space"
+    return None
+
+
 def measurements(work_dir: Path) -> list[Measurement]:
     log = work_dir / "autotvm.log"
     causes = read_causes(work_dir / ERRORS_FILE)
@@ -478,7 +509,7 @@ def flops(task: autotvm.task.Task) -> float:
     return float(task.flop)
 
 
-def build(mod: Any, target: Target, params: Any, work_dir: Path) -> Any:
+def build(mod: Any, target: Target, params: Any, work_dir: Path, tasks: Sequence[TunerTask]) -> Any:
     """``relay.build`` with the log's best configs dispatched to every template."""
     import tvm
     from tvm import relay
@@ -491,4 +522,5 @@ def build(mod: Any, target: Target, params: Any, work_dir: Path) -> Any:
 ADAPTER = Adapter(
     NAME, extract, encode, decode, key, merge, tune, measurements, flops, build,
     ("autotvm.log", ERRORS_FILE),
+    lambda tasks, work_dir: check_configs([t.native for t in tasks], work_dir / "autotvm.log"),
 )  # fmt: skip

@@ -82,8 +82,12 @@ class Adapter:
     - ``measurements(work_dir)``: the records in ``work_dir``, in the order measured, each
       under its task's key (the records name their tasks; standing() matches them to rows);
     - ``flops(native)``: floating-point operations of one call of the task;
-    - ``build(mod, target, params, work_dir)``: the model built with the best records applied;
-    - ``logs``: the files of ``work_dir`` its records are in, one record a line.
+    - ``build(mod, target, params, work_dir, tasks)``: the model built with the best records of
+      ``tasks`` (the model's, extracted here) applied;
+    - ``logs``: the files of ``work_dir`` its records are in, one record a line;
+    - ``check(tasks, work_dir)``: refuse, as damaged, a record of ``tasks`` the tuner would
+      apply although its search never writes it (checks that need the tasks; the rest are
+      ``measurements``'), before any tuner reads the work dir.
     """
 
     name: str
@@ -95,8 +99,11 @@ class Adapter:
     tune: Callable[[Sequence[TunerTask], Any, int, Path, Runner], None] = field(repr=False)
     measurements: Callable[[Path], list[Measurement]] = field(repr=False)
     flops: Callable[[Any], float] = field(repr=False)
-    build: Callable[[Any, Any, Any, Path], Any] = field(repr=False)
+    build: Callable[[Any, Any, Any, Path, Sequence[TunerTask]], Any] = field(repr=False)
     logs: tuple[str, ...] = ()
+    check: Callable[[Sequence[TunerTask], Path], None] = field(
+        default=lambda tasks, work_dir: None, repr=False
+    )
 
 
 def valid_for(tasks: Sequence[TunerTask], measurements: Iterable[Measurement]) -> int:
@@ -124,7 +131,7 @@ def record_lines(path: Path) -> list[tuple[int, str]]:
     for position, (number, line) in enumerate(numbered):
         try:
             json.loads(line)
-        except ValueError as err:
+        except (ValueError, RecursionError) as err:  # RecursionError: nested too deeply
             if position == len(numbered) - 1:
                 return numbered[:-1]
             raise damaged(path, number, str(err)) from err

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import json
 import re
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
@@ -43,6 +44,7 @@ from .base import (
     record_lines,
     valid_for,
 )
+from .database import RECORDS, WORKLOADS, WorkDatabase, line_key, workload_key
 from .functions import read_source, source_data
 from .records import trace_problem
 
@@ -115,7 +117,7 @@ def extract(
 
 def key(task: ms.ExtractedTask) -> str:
     """MetaSchedule tunes the TIR module: equal modules are one task, across models too."""
-    return f"{int(tvm.ir.structural_hash(task.dispatched[0])) & (2**64 - 1):016x}"
+    return workload_key(task.dispatched[0])
 
 
 def _settings(opt_level: int, pass_config: Mapping[str, Any], disabled_pass: Any) -> PassSettings:
@@ -302,6 +304,8 @@ def tune(
             strict=True,
         )
     ]
+    database = WorkDatabase(work_dir, [t.native.dispatched[0] for t in tasks])
+    scheduler = ms.task_scheduler.TaskScheduler.create("gradient")
     ms.tune_tasks(
         tasks=contexts,
         task_weights=[float(t.weight) for t in tasks],
@@ -309,13 +313,15 @@ def tune(
         max_trials_global=budget,
         # Small enough that the warm-up round (one batch per task) reaches every task.
         num_trials_per_iter=max(1, min(BATCH, budget // len(tasks))),
-        builder=ms.builder.LocalBuilder(timeout_sec=runner.timeout),  # --timeout bounds both
-        runner=_runner(runner),
-        database=ms.database.JSONDatabase(work_dir=str(work_dir)),
+        builder=_builder(runner),
+        runner=_CommitEach(_runner(runner), scheduler, database, work_dir / ERRORS_FILE),
+        database=database.memory,
+        # The default callbacks less AddToDatabase: the runner has committed every record.
         measure_callbacks=[
-            *ms.measure_callback.MeasureCallback.create("default"),
-            _ErrorLog(work_dir),
+            ms.measure_callback.RemoveBuildArtifact(),
+            ms.measure_callback.UpdateCostModel(),
         ],
+        task_scheduler=scheduler,
     )
 
 
@@ -343,19 +349,64 @@ def _search(budget: int) -> Any:
 ERRORS_FILE = "meta_schedule_errors.jsonl"
 
 
+#: Seconds between two looks at a batch's unfinished measurements.
+POLL = 0.02
+
+
 # TVM's derived_object replaces the class, which mutation tools cannot instrument.
 @ms.derived_object
-class _ErrorLog(ms.measure_callback.PyMeasureCallback):  # type: ignore[misc]  # pragma: no mutate block
-    """MetaSchedule stores a failed measurement as 1e10 s without its cause; keep the cause."""
+class _CommitEach(ms.runner.PyRunner):  # type: ignore[misc]  # pragma: no mutate block
+    """Commits each measurement to the database, with a failure's cause, as it completes.
 
-    def __init__(self, work_dir: Path) -> None:
-        self.path = work_dir / ERRORS_FILE
+    MetaSchedule's task scheduler commits a batch only when it next picks that task, and in its
+    first round only once every task has been measured: an interrupt lost all of that. This
+    runner hands the scheduler futures that are already done, the records committed as
+    MetaSchedule's own callback would commit them (a failure as 1e10 s). The batch being run is
+    the task record whose builds are in and whose futures are not yet set.
+    """
 
-    def apply(self, task_scheduler: Any, task_id: int, measure_candidates: Any,
-              builder_results: Any, runner_results: Any) -> None:  # fmt: skip
-        errors = [built.error_msg or ran.error_msg
-                  for built, ran in zip(builder_results, runner_results, strict=True)]  # fmt: skip
-        append_causes(self.path, [failure_cause(str(e)) for e in errors if e])
+    def __init__(self, inner: Any, scheduler: Any, database: WorkDatabase, errors: Path) -> None:
+        self.inner, self.scheduler, self.database, self.errors = inner, scheduler, database, errors
+
+    def run(self, runner_inputs: list[Any]) -> list[Any]:
+        task = next(t for t in self.scheduler.tasks_
+                    if t.builder_results is not None and t.runner_futures is None)  # fmt: skip
+        workload = self.database.memory.commit_workload(task.ctx.mod)
+        built = {}
+        for candidate, result in zip(task.measure_candidates, task.builder_results, strict=True):
+            if result.error_msg is None:
+                built[str(result.artifact_path)] = candidate
+            else:
+                self._commit(task, workload, candidate, None, str(result.error_msg))
+        running: dict[int, Any] = {}
+        results: list[Any] = [None] * len(runner_inputs)
+
+        def commit_finished() -> None:
+            for k in [k for k, future in running.items() if future.done()]:
+                results[k] = result = running.pop(k).result()
+                candidate = built[str(runner_inputs[k].artifact_path)]
+                error = None if result.error_msg is None else str(result.error_msg)
+                self._commit(task, workload, candidate, result.run_secs, error)
+
+        # One input a call: the local runner measures as it is called, an RPC runner returns
+        # at once and measures on as many devices as the tracker lends.
+        for i, runner_input in enumerate(runner_inputs):
+            [running[i]] = self.inner.run([runner_input])
+            commit_finished()
+        while running:
+            time.sleep(POLL)
+            commit_finished()
+        return [ms.runner.RunnerFuture(lambda: True, lambda r=r: r) for r in results]
+
+    def _commit(self, task: Any, workload: Any, candidate: Any, run_secs: Any, error: str | None
+                ) -> None:  # fmt: skip
+        if error is not None or not run_secs:
+            run_secs = [tvm.tir.FloatImm("float32", 1e10)]  # MetaSchedule's failure mark
+        trace, info = candidate.sch.trace, candidate.args_info
+        record = ms.database.TuningRecord(trace, workload, run_secs, task.ctx.target, info)
+        self.database.commit(record)
+        if error is not None:
+            append_causes(self.errors, [failure_cause(error)])
 
 
 def measurements(work_dir: Path) -> list[Measurement]:
@@ -366,13 +417,10 @@ def measurements(work_dir: Path) -> list[Measurement]:
     :mod:`.records`' allowlist: every command that lets MetaSchedule read the database reads
     these first.
     """
-    workloads, records = (
-        work_dir / "database_workload.json",
-        work_dir / "database_tuning_record.json",
-    )
+    workloads, records = work_dir / WORKLOADS, work_dir / RECORDS
     if not records.exists():
         return []
-    keys = [_workload_key(workloads, n, line) for n, line in record_lines(workloads)]
+    keys = [line_key(workloads, n, line) for n, line in record_lines(workloads)]
     errors = read_causes(work_dir / ERRORS_FILE)
     result = []
     for number, line in record_lines(records):
@@ -391,21 +439,16 @@ def measurements(work_dir: Path) -> list[Measurement]:
     return result
 
 
-def _workload_key(path: Path, number: int, line: str) -> str:
-    try:
-        return f"{int(json.loads(line)[0]) & (2**64 - 1):016x}"
-    except (TypeError, ValueError, IndexError, KeyError) as err:
-        raise damaged(path, number, f"{type(err).__name__}: {err}") from err
-
-
 def flops(task: ms.ExtractedTask) -> float:
     return float(tvm.tir.analysis.estimate_tir_flops(task.dispatched[0]))
 
 
-def build(mod: IRModule, target: Target, params: Any, work_dir: Path) -> Any:
-    """``compile_relay`` with the work dir's database: each task takes its best record."""
-    database = ms.database.JSONDatabase(work_dir=str(work_dir))
-    return ms.relay_integration.compile_relay(database, mod, target, params)
+def build(
+    mod: IRModule, target: Target, params: Any, work_dir: Path, tasks: Sequence[TunerTask]
+) -> Any:
+    """``compile_relay`` with the work dir's records of ``tasks``: each takes its best."""
+    database = WorkDatabase(work_dir, [t.native.dispatched[0] for t in tasks])
+    return ms.relay_integration.compile_relay(database.memory, mod, target, params)
 
 
 def _with_num_cores(target: Target) -> Target:
@@ -417,9 +460,24 @@ def _with_num_cores(target: Target) -> Target:
     return target
 
 
+#: Seconds MetaSchedule's builder and local runner get for the check they make as they start
+#: (a child process looks two functions up): a ``--timeout`` shorter than a loaded host takes
+#: to answer it failed the whole tune ("TimeoutError in recv") instead of each measurement.
+STARTUP_CHECK = 30.0
+
+
+def _builder(runner: Runner) -> Any:
+    """``--timeout`` bounds each build as it bounds each run."""
+    builder = ms.builder.LocalBuilder(timeout_sec=max(runner.timeout, STARTUP_CHECK))
+    builder.timeout_sec = runner.timeout  # each build's pool is made with it
+    return builder
+
+
 def _runner(runner: Runner) -> Any:
     if runner.tracker is None:
-        return ms.runner.LocalRunner(timeout_sec=runner.timeout)
+        local = ms.runner.LocalRunner(timeout_sec=max(runner.timeout, STARTUP_CHECK))
+        local.timeout_sec = local.pool._timeout = runner.timeout  # each run's bound from here on
+        return local
     host, port = runner.tracker
     config = ms.runner.RPCConfig(tracker_host=host, tracker_port=port, tracker_key=runner.key,
                                  session_timeout_sec=int(runner.timeout))  # fmt: skip
@@ -428,5 +486,5 @@ def _runner(runner: Runner) -> Any:
 
 #: The JSON database (workloads, a task's TIR a line, and records pointing into them) and the
 #: failures' causes.
-LOGS = ("database_workload.json", "database_tuning_record.json", ERRORS_FILE)
+LOGS = (WORKLOADS, RECORDS, ERRORS_FILE)
 ADAPTER = Adapter(NAME, extract, encode, decode, key, merge, tune, measurements, flops, build, LOGS)

@@ -10,6 +10,7 @@ is a damaged record (a ``ModelError`` naming file and line), never something to 
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -127,7 +128,177 @@ def trace_problem(trace: Any) -> str | None:
             key = inst[2][0] if inst[2] else None
             if not _one_of(key, TRACE_ANNOTATIONS):
                 return f"its trace annotates {str(key)[:60]!r}, which no search writes"
+        problem = next(filter(None, map(_object_json_problem, _strings(inst[1:3]))), None)
+        if problem:
+            return f"its {kind} instruction holds {problem}"
     return None
+
+
+def _strings(value: Any) -> list[str]:
+    """Every string in a JSON value."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list):
+        return [s for item in value for s in _strings(item)]
+    if isinstance(value, dict):
+        return [s for item in value.items() for s in _strings(list(item))]
+    return []
+
+
+def _object_json_problem(text: str) -> str | None:
+    """A trace's string that TVM would read as object JSON (an input written ``{...}``, a layout
+    transform's attribute) must be an index map as MetaSchedule's layout transforms write them:
+    TVM's object JSON reader builds whatever node types a text names, and sets each
+    reference without checking its type."""
+    if not text.strip().startswith("{"):
+        return None
+    try:
+        document = json.loads(text)
+        problem = index_map_problem(document)
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError, RecursionError):
+        problem = "it is not TVM object JSON"
+    return None if problem is None else f"object JSON that is no index map ({problem})"
+
+
+#: Reference kinds of index map attributes: a reference to the null node ("0"), to one of the
+#: node types named, or to an array of such nodes; or a plain value.
+_EXPRESSIONS = frozenset(
+    [
+        "tir.Var",
+        "IntImm",
+        "tir.Cast",
+        "tir.Add",
+        "tir.Sub",
+        "tir.Mul",
+        "tir.Div",
+        "tir.Mod",
+        "tir.FloorDiv",
+        "tir.FloorMod",
+        "tir.Min",
+        "tir.Max",
+    ]
+)
+_BINARY = {"a": _EXPRESSIONS, "b": _EXPRESSIONS, "dtype": "dtype", "span": "null"}
+#: The nodes an index map may hold and each one's attributes.
+INDEX_MAP_NODES: dict[str, dict[str, Any]] = {
+    "tir.IndexMap": {
+        "initial_indices": ("array", frozenset(["tir.Var"])),
+        "final_indices": ("array", _EXPRESSIONS),
+        "inverse_index_map": frozenset(["", "tir.IndexMap"]),
+    },
+    "tir.Var": {
+        "dtype": "dtype",
+        "name": frozenset(["runtime.String"]),
+        "span": "null",
+        "type_annotation": frozenset(["PrimType"]),
+    },
+    "PrimType": {"dtype": "dtype"},
+    "IntImm": {"dtype": "dtype", "span": "null", "value": "int"},
+    "tir.Cast": {"dtype": "dtype", "span": "null", "value": _EXPRESSIONS},
+    **{op: _BINARY for op in _EXPRESSIONS - {"tir.Var", "IntImm", "tir.Cast"}},
+}
+_PLAIN = {
+    "dtype": re.compile(r"u?int(8|16|32|64)\Z"),
+    "int": re.compile(r"-?\d{1,19}\Z"),
+    "null": re.compile(r"0\Z"),
+}
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}\Z")
+#: Nodes an index map needs are a few dozen; this bounds the check and what TVM would build.
+MAX_INDEX_MAP_NODES = 10_000
+
+
+def index_map_problem(document: Any) -> str | None:
+    """Why a TVM object JSON document is not an acyclic index map of integer arithmetic with
+    every reference of the type its attribute holds, or None."""
+    if set(document) - {"root", "nodes", "b64ndarrays", "attrs"} or document.get("b64ndarrays"):
+        return "fields other than an index map's"
+    nodes = document["nodes"]
+    if not isinstance(nodes, list) or not 1 < len(nodes) <= MAX_INDEX_MAP_NODES:
+        return "no node table of a bounded size"
+    root = document["root"]
+    if not (type(root) is int and 0 < root < len(nodes)) or nodes[0] != {"type_key": ""}:
+        return "no root in its node table"
+    if nodes[root]["type_key"] != "tir.IndexMap":
+        return "no index map at its root"
+    edges: dict[int, list[int]] = {}
+    for index, node in enumerate(nodes[1:], start=1):
+        problem, edges[index] = _node_problem(node, nodes)
+        if problem:
+            return f"node {index}: {problem}"
+    return "a cycle of references" if _has_cycle(edges) else None
+
+
+def _node_problem(node: Any, nodes: list[Any]) -> tuple[str | None, list[int]]:
+    """What is wrong with one node, and the nodes it refers to."""
+    kind = node["type_key"]
+    if kind == "runtime.String":
+        name = node.get("repr_str")
+        named = set(node) == {"type_key", "repr_str"} and isinstance(name, str)
+        return (None if named and _NAME.match(name) else "a name that is no identifier"), []
+    if kind == "Array":
+        data = node.get("data")
+        listed = set(node) == {"type_key", "data"} and isinstance(data, list)
+        if listed and all(type(i) is int and 0 < i < len(nodes) for i in data):
+            return None, []
+        return "an array that is not a list of its nodes", []
+    fields = INDEX_MAP_NODES.get(kind) if isinstance(kind, str) else None
+    if fields is None:
+        return f"the node type {str(kind)[:60]!r}", []
+    attrs = node.get("attrs")
+    if (
+        set(node) != {"type_key", "attrs"}
+        or not isinstance(attrs, dict)
+        or set(attrs) != set(fields)
+    ):
+        return f"{kind} with other attributes", []
+    refers: list[int] = []
+    for name, want in fields.items():
+        value = attrs[name]
+        if not isinstance(value, str):
+            return f"{kind}.{name} is no reference", []
+        if isinstance(want, str):
+            if not _PLAIN[want].match(value):
+                return f"{kind}.{name} is not {want}", []
+            continue
+        target = int(value) if value.isdigit() and int(value) < len(nodes) else -1
+        if target < 0:
+            return f"{kind}.{name} refers to no node", []
+        if isinstance(want, tuple):
+            if nodes[target]["type_key"] != "Array" or not isinstance(nodes[target]["data"], list):
+                return f"{kind}.{name} is not an array", []
+            members, allowed = nodes[target]["data"], want[1]
+            refers.append(target)
+        else:
+            members, allowed = [target], want
+        for member in members:
+            if not (type(member) is int and 0 <= member < len(nodes)) or (
+                nodes[member]["type_key"] not in allowed
+            ):
+                return f"{kind}.{name} refers to a node of another type", []
+            refers.append(member)
+    return None, refers
+
+
+def _has_cycle(edges: dict[int, list[int]]) -> bool:
+    """Whether references loop (TVM would build objects that hold themselves)."""
+    state: dict[int, int] = {}  # 1: being visited, 2: done
+    for start in edges:
+        stack = [(start, iter(edges[start]))]
+        if state.get(start):
+            continue
+        state[start] = 1
+        while stack:
+            node, children = stack[-1]
+            child = next(children, None)
+            if child is None:
+                state[node] = 2
+                stack.pop()
+            elif state.get(child) == 1:
+                return True
+            elif not state.get(child) and child in edges:
+                state[child] = 1
+                stack.append((child, iter(edges[child])))
+    return False
 
 
 def ansor_problem(steps: Any) -> str | None:

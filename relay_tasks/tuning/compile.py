@@ -48,6 +48,7 @@ def plan(mod: Any, params: Any, work_dir: str | Path) -> Plan:
     adapter = get_adapter(tuned.tuner)
     tasks = adapter.extract(mod, tuned.target, params)
     now = standing(tasks, adapter.measurements(Path(work_dir)))
+    adapter.check(tasks, Path(work_dir))
     return Plan(adapter, tuned.target, tasks, [r.task for r in now.tasks if r.best is not None])
 
 
@@ -55,7 +56,9 @@ def build(mod: Any, params: Any, work_dir: str | Path, chosen: Plan | None = Non
     """The model built with the work dir's records (a graph executor factory module)."""
     chosen = chosen or plan(mod, params, work_dir)
     try:
-        return chosen.adapter.build(mod, chosen.target, params, Path(work_dir))
+        return chosen.adapter.build(mod, chosen.target, params, Path(work_dir), chosen.tasks)
+    except ModelError:  # a damaged record, named where it is
+        raise
     except Exception as err:
         raise TuningError(f"building with the records failed: {describe_failure(err)}") from err
 

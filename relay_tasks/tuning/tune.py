@@ -4,9 +4,9 @@ TVM's tuners loop in C++ and call back into Python, where a ``KeyboardInterrupt`
 printed by TVM and tuning goes on. So the tuner gets a process of its own (its own session, so a
 terminal's Ctrl-C reaches only this supervisor): SIGINT, SIGTERM or SIGHUP (the terminal closed)
 here stops the child's whole process group within seconds, and the child stops by itself when
-this process dies without a word (SIGKILL). Every tuner appends each finished batch of
-measurements to its log at once, so what was measured stays on disk and the same command
-resumes from it. The child's
+this process dies without a word (SIGKILL). MetaSchedule's records are appended one by one as
+measured, AutoTVM's and Ansor's a batch at a time, so what was measured stays on disk and the
+same command resumes from it. The child's
 output (TVM's logs and tables) goes to ``tune.log`` in the work dir; this process shows one
 progress line on a terminal, read from the records as they grow.
 """
@@ -86,9 +86,11 @@ def tune(
         check_same_tuning(folder, adapter, tgt)
         refuse_links(folder, adapter)
         set_aside_cut_lines(folder, adapter)
+        records = adapter.measurements(folder)  # each record checked on its own, then
+        adapter.check(tasks, folder)  # against the tasks it would be applied to
         document = tasks_document(tasks, tuner=adapter.name, target=tgt, models=_models(tasks))
         write_file(folder / TASKS_FILE, dumps(document) + "\n")
-        before = standing(tasks, adapter.measurements(folder))
+        before = standing(tasks, records)
         if before.valid >= trials:
             return before
         display = _Progress(adapter, tasks, folder, trials)

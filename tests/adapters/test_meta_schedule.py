@@ -18,11 +18,23 @@ from relay_tasks.adapters.meta_schedule import (
 
 import oracles
 from checks import assert_same_extracted_tasks
+from small_graphs import SMALL_GRAPHS
 from zoo import CUDA, X86, load, model_target_rows
 
 
-@pytest.mark.parametrize("module_equality", MODULE_EQUALITIES)
-@pytest.mark.parametrize(("model", "target"), model_target_rows())
+def _equality_rows() -> list:
+    """Every zoo row with every module equality; the networks' rows other than "structural" in
+    the slow tier (the default run's time: the small graphs exercise each equality)."""
+    return [
+        pytest.param(*row.values, equality, id=f"{row.id}-{equality}",
+                     marks=(*row.marks, *([pytest.mark.slow] if big else [])))
+        for row in model_target_rows()
+        for equality in MODULE_EQUALITIES
+        for big in [row.values[0] not in SMALL_GRAPHS and equality != "structural"]
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(("model", "target", "module_equality"), _equality_rows())
 def test_equals_upstream_extraction(model: str, target: str, module_equality: str) -> None:
     expected = oracles.meta_schedule(model, target, module_equality)
     mod, params = load(model)
@@ -367,3 +379,48 @@ def test_task_payloads_derive_the_same_task_here() -> None:
         assert tvm.ir.structural_equal(back.dispatched[0], task.native.dispatched[0])
     with pytest.raises(ValueError, match="^its payload holds 'dispatched', which it may not$"):
         decode({**encode(task), "dispatched": []}, target, task.name, 1)
+
+
+_KILLED_AT_THE_THIRD_RESULT = """
+import os, signal, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[2])
+from tvm.meta_schedule.runner.local_runner import LocalRunnerFuture
+import relay_tasks
+from relay_tasks.adapters import get_adapter
+from relay_tasks.adapters.base import Runner
+from zoo import load
+
+futures, made = LocalRunnerFuture._cls, []
+start = futures.__init__
+def measured(self, *args, **kwargs):  # a measurement's result, as the runner gets it
+    made.append(self)
+    if len(made) == 3:
+        os.kill(os.getpid(), signal.SIGKILL)
+    start(self, *args, **kwargs)
+futures.__init__ = measured
+adapter, target = get_adapter("meta_schedule"), relay_tasks.host_target()
+mod, params = load("dense_softmax")
+tasks = adapter.extract(mod, target, params)
+adapter.tune(tasks, target, 30, Path(sys.argv[1]), Runner())
+"""
+
+
+@pytest.mark.xdist_group("tuning")
+def test_each_measurement_is_on_disk_as_it_completes(tmp_path) -> None:
+    """Killed (SIGKILL, nothing to tidy) as its third measurement completes, in the first batch
+    of a three-task model: the two before it are in the database. MetaSchedule's own runner
+    measures a whole batch before it returns, and its scheduler commits that batch only once
+    every task has had its first batch measured."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tuned_models import raw_measurements
+
+    tests = str(Path(__file__).parents[1])
+    killed = subprocess.run([sys.executable, "-c", _KILLED_AT_THE_THIRD_RESULT, str(tmp_path),
+                             tests], capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    records = raw_measurements(tmp_path, "meta_schedule")
+    assert len(records) == 2 and all(s is not None and 0 < s < 1 for _, s in records)

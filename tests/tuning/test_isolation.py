@@ -185,3 +185,121 @@ def test_a_record_outside_the_allowlist_is_refused_before_a_tuner_reads_it(
         err = capsys.readouterr().err
         assert len(err.splitlines()) == 1
         assert f"{log}, line {number}: not a record the tuner wrote ({message}" in err
+
+
+def _object_json(text: str):
+    """A MetaSchedule record whose first instruction's input is ``text`` (TVM reads an input
+    written ``{...}`` with its object JSON reader)."""
+
+    def change(line: str) -> str:
+        record = json.loads(line)
+        record[1][0][0][0][1].append(text)
+        return json.dumps(record)
+
+    return change
+
+
+def _index_map(change) -> str:
+    """A real index map's object JSON, changed by ``change(nodes)``."""
+    from tvm import ir, tir
+
+    document = json.loads(ir.save_json(tir.IndexMap.from_func(lambda i, j: [j, i // 4, i % 4])))
+    change(document["nodes"])
+    return json.dumps(document)
+
+
+def _retyped(nodes) -> None:
+    """A variable whose name refers to an integer: TVM would store it without a type check."""
+    var = next(n for n in nodes if n["type_key"] == "tir.Var")
+    var["attrs"]["name"] = str(next(i for i, n in enumerate(nodes) if n["type_key"] == "IntImm"))
+
+
+def _looped(nodes) -> None:
+    """An expression that holds itself."""
+    index = next(i for i, n in enumerate(nodes) if n["type_key"] == "tir.FloorDiv")
+    nodes[index]["attrs"]["a"] = str(index)
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ('{"root": 1, "nodes": [{"type_key": ""}, {"type_key": "runtime.Module"}]}',
+         "no index map at its root"),
+        (_index_map(lambda nodes: nodes.append({"type_key": "tir.StringImm", "attrs": {}})),
+         "the node type 'tir.StringImm'"),
+        (_index_map(_retyped), "tir.Var.name refers to a node of another type"),
+        (_index_map(_looped), "a cycle of references"),
+        (' {"root": 1', "it is not TVM object JSON"),
+    ],
+)  # fmt: skip
+def test_object_json_in_a_trace_must_be_an_index_map(text, problem, tuned, tmp_path, capsys):
+    """Issue 26: TVM's object JSON reader builds whatever node types a text names and sets each
+    reference without a type check; a trace may hold only index maps of integer arithmetic."""
+    work = tmp_path / "work"
+    shutil.copytree(tuned["meta_schedule"], work)
+    log = work / LOGS["meta_schedule"]
+    lines = log.read_text().splitlines()
+    log.write_text("\n".join([_object_json(text)(lines[0]), *lines[1:]]) + "\n")
+    assert main(["status", "--work-dir", str(work)]) == 3
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1
+    assert (
+        "line 1: not a record the tuner wrote (its GetBlock instruction holds object JSON " in err
+    )
+    assert problem in err
+
+
+def test_a_workload_lines_module_is_never_read(tiny, tuned, tmp_path, capsys) -> None:
+    """Issue 26: a workload line's module (TVM object JSON) is replaced by one that would crash
+    TVM's reader (a reference to a node that does not exist); its structural hash still names
+    the task. The module is derived here: the tune resumes and compile builds."""
+    import base64
+
+    work = tmp_path / "work"
+    shutil.copytree(tuned["meta_schedule"], work)
+    workloads = work / "database_workload.json"
+    hostile = b'{"root": 1, "nodes": [{"type_key": ""}, {"type_key": "Array", "data": [99]}]}'
+    text = base64.b64encode(len(hostile).to_bytes(8, "little") + hostile).decode()
+    lines = [json.dumps([json.loads(line)[0], text]) for line in workloads.read_text().splitlines()]
+    workloads.write_text("\n".join(lines) + "\n")
+    assert main(tune_argv(tiny, "meta_schedule", work, 5)) == 0
+    assert valid_count(work, "meta_schedule") == 5
+    text_model, params = tiny
+    library = tmp_path / "m.so"
+    argv = ["compile", str(text_model), "--params", str(params), "--work-dir", str(work)]
+    assert main([*argv, "-o", str(library)]) == 0, capsys.readouterr().err
+    assert library.exists()
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        (lambda knob: knob[2].__setitem__(-1, 7), "is outside its task's config space"),
+        (lambda knob: knob.__setitem__(0, "unroll_depth"), "its knobs are not those of its task"),
+    ],
+)
+def test_an_autotvm_record_chooses_only_inside_its_config_space(
+    change, problem, tiny, tuned, tmp_path, capsys
+) -> None:
+    """Issue 26: AutoTVM applies a record's knobs as written; a split no search draws (7 does
+    not divide the dense's 16 or 32) is refused by tune and compile before AutoTVM reads it."""
+    work = tmp_path / "work"
+    shutil.copytree(tuned["autotvm"], work)
+    log = work / LOGS["autotvm"]
+    lines = log.read_text().splitlines()
+    record = json.loads(lines[0])
+    change(next(k for k in record["config"]["entity"] if k[1] == "sp"))
+    log.write_text("\n".join([json.dumps(record), *lines[1:]]) + "\n")
+    text, params = tiny
+    compile_argv = ["compile", str(text), "--params", str(params), "--work-dir", str(work)]
+    for argv in (
+        tune_argv(tiny, "autotvm", work, 5),
+        [*compile_argv, "-o", str(tmp_path / "m.so")],
+    ):
+        assert main(argv) == 3
+        err = capsys.readouterr().err
+        assert (
+            len(err.splitlines()) == 1 and f"{log}, line 1: not a record the tuner wrote (" in err
+        )
+        assert problem in err
+    assert not (tmp_path / "m.so").exists()

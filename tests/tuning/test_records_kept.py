@@ -111,12 +111,16 @@ def test_a_cut_last_line_is_set_aside_and_the_work_dir_goes_on(
     assert main(compiled) == 0
 
 
-@pytest.mark.parametrize("tuner", TUNERS)
+@pytest.mark.parametrize(
+    ("tuner", "damage"),
+    [(tuner, "{not json") for tuner in TUNERS] + [("meta_schedule", "[" * 100_000)],
+)
 def test_a_damaged_line_before_the_last_is_one_error_naming_it(
-    tuner, tiny, tuned, tmp_path, capsys
+    tuner, damage, tiny, tuned, tmp_path, capsys
 ):
+    """Not JSON, or JSON nested deeper than Python's reader goes."""
     work, log, lines = _records(tuned, tuner, tmp_path)
-    log.write_text(lines[0] + "{not json\n" + "".join(lines[1:]))
+    log.write_text(lines[0] + damage + "\n" + "".join(lines[1:]))
     for argv in (["status", "--work-dir", str(work)], tune_argv(tiny, tuner, work, 5)):
         assert main(argv) == 3
         err = capsys.readouterr().err

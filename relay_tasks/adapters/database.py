@@ -1,0 +1,120 @@
+"""A work dir's MetaSchedule database, read and written here: TVM sees only what was derived here.
+
+MetaSchedule's ``JSONDatabase`` reads each workload line of its files with TVM's object JSON
+reader, which builds whatever nodes a file names. Here a workload line is only a structural
+hash: the workload's module is the task this command derived, never the file's. Each record's
+trace passes :mod:`.records`' allowlist, then MetaSchedule replays it on that module into an
+in-memory database, which is all the tuner and the build see. New records go to the same two
+files, one line each as it completes, in ``JSONDatabase``'s format (its readers still read them).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import struct
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import tvm
+from tvm import meta_schedule as ms
+from tvm.ir import IRModule
+
+from ..errors import describe_failure
+from .base import damaged, open_appending, record_lines
+from .records import trace_problem
+
+#: A record's JSON form with its index maps as objects (the Python ``as_json`` cannot hold them).
+_AS_JSON = tvm.get_global_func("meta_schedule.TuningRecordAsJSON")
+WORKLOADS = "database_workload.json"
+RECORDS = "database_tuning_record.json"
+
+
+def workload_key(mod: IRModule) -> str:
+    """The structural hash a workload line starts with, as the task key (16 hex digits)."""
+    return f"{int(tvm.ir.structural_hash(mod)) & (2**64 - 1):016x}"
+
+
+def line_key(path: Path, number: int, line: str) -> str:
+    """The key of a workload line ``[structural hash, module]``; its module is never read."""
+    try:
+        return f"{int(json.loads(line)[0]) & (2**64 - 1):016x}"
+    except (TypeError, ValueError, IndexError, KeyError) as err:
+        raise damaged(path, number, f"{type(err).__name__}: {err}") from err
+
+
+class WorkDatabase:
+    """The records of ``modules`` (the tasks derived here) from a work dir, in memory.
+
+    ``memory`` is the ``MemoryDatabase`` to hand MetaSchedule; :meth:`commit` adds a record to
+    it and to the work dir's files. Records of other modules (other models sharing the dir)
+    stay in the files, unread.
+    """
+
+    def __init__(self, work_dir: Path, modules: Sequence[IRModule]) -> None:
+        self.workloads_file, self.records_file = work_dir / WORKLOADS, work_dir / RECORDS
+        self.memory = ms.database.MemoryDatabase()
+        self.modules = {workload_key(m): m for m in modules}
+        keys = [
+            line_key(self.workloads_file, *numbered)
+            for numbered in record_lines(self.workloads_file)
+        ]
+        self.lines = {key: index for index, key in reversed(list(enumerate(keys)))}
+        self.count = len(keys)
+        for number, line in record_lines(self.records_file):
+            self._load(number, line, keys)
+
+    def _load(self, number: int, line: str, keys: list[str]) -> None:
+        try:
+            index, (trace, run_secs, _, args_info) = json.loads(line)
+            key = keys[index]
+        except (TypeError, ValueError, IndexError) as err:
+            raise damaged(self.records_file, number, f"{type(err).__name__}: {err}") from err
+        problem = trace_problem(trace)
+        if problem:
+            raise damaged(self.records_file, number, problem)
+        if key not in self.modules:
+            return
+        workload = self.memory.commit_workload(self.modules[key])
+        try:  # the record's target is not read: the work dir is tuned for one target
+            plain = tvm.runtime.convert([trace, run_secs, None, args_info])
+            record = ms.database.TuningRecord.from_json(plain, workload)
+        except (tvm.TVMError, ValueError, TypeError) as err:
+            raise damaged(self.records_file, number, describe_failure(err)) from err
+        self.memory.commit_tuning_record(record)
+
+    def commit(self, record: Any) -> None:
+        """A measured record: into memory, and one line appended to the work dir's records
+        (its workload's line first, the first time)."""
+        self.memory.commit_tuning_record(record)
+        mod = record.workload.mod
+        key = workload_key(mod)
+        if key not in self.lines:
+            saved = tvm.ir.save_json(mod).encode()  # as a length-prefixed string, as TVM does
+            text = base64.b64encode(struct.pack("<Q", len(saved)) + saved).decode()
+            _append(self.workloads_file, [str(int(key, 16)), text])
+            self.lines[key], self.count = self.count, self.count + 1
+        _append(self.records_file, [self.lines[key], _plain(_AS_JSON(record))])
+
+
+def _plain(value: Any) -> Any:
+    """A record's JSON form as Python values; an index map as the object JSON text MetaSchedule
+    writes for it (checked by :func:`.records.trace_problem` when read back)."""
+    if isinstance(value, tvm.tir.IndexMap):
+        return tvm.ir.save_json(value)
+    if isinstance(value, (tvm.tir.IntImm, tvm.tir.FloatImm)):
+        return value.value
+    if isinstance(value, (str, tvm.runtime.String)):
+        return str(value)
+    if isinstance(value, (list, tvm.ir.Array)):
+        return [_plain(item) for item in value]
+    if isinstance(value, (dict, tvm.ir.Map)):
+        return {str(k): _plain(v) for k, v in value.items()}
+    return value
+
+
+def _append(path: Path, value: Any) -> None:
+    """One line in one write (O_APPEND): a crash cuts at most the last line."""
+    with open_appending(path) as handle:
+        handle.write((json.dumps(value, separators=(",", ":")) + "\n").encode())

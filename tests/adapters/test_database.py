@@ -1,0 +1,54 @@
+"""A work dir's MetaSchedule database: written here in MetaSchedule's format, read back onto the
+modules derived here, with index maps checked."""
+
+from __future__ import annotations
+
+import json
+
+import tvm
+from tvm import meta_schedule as ms
+from tvm import te, tir
+
+from relay_tasks.adapters.database import WorkDatabase, workload_key
+from relay_tasks.adapters.records import trace_problem
+
+from zoo import HOST
+
+
+def _module(scale: float) -> tvm.IRModule:
+    a = te.placeholder((64, 64), name="A")
+    b = te.compute((64, 64), lambda i, j: a[i, j] * scale, name="B")
+    return tvm.IRModule({"main": te.create_prim_func([a, b])})
+
+
+def _layouts(mod: tvm.IRModule) -> tir.Schedule:
+    """A schedule with both instructions that carry index maps (tensorization writes them)."""
+    sch = tir.Schedule(mod)
+    block = sch.get_block("B")
+    sch.transform_layout(block, ("write", 0), lambda i, j: (i // 4, j, i % 4))
+    sch.transform_block_layout(block, lambda i, j: (j, i))
+    return sch
+
+
+def test_a_record_written_here_reads_back_here_and_in_metaschedule(tmp_path) -> None:
+    mod, other = _module(2.0), _module(3.0)
+    sch = _layouts(mod)
+    database = WorkDatabase(tmp_path, [mod])
+    workload = database.memory.commit_workload(mod)
+    seconds = [tvm.tir.FloatImm("float32", 1e-3)]
+    target = tvm.target.Target(HOST)
+    database.commit(ms.database.TuningRecord(sch.trace, workload, seconds, target, None))
+
+    line = json.loads((tmp_path / "database_tuning_record.json").read_text())
+    assert line[0] == 0 and trace_problem(line[1][0]) is None  # the index maps pass the check
+    [again] = WorkDatabase(tmp_path, [mod]).memory.get_all_tuning_records()
+    replayed = tir.Schedule(mod)
+    again.trace.apply_to_schedule(replayed, remove_postproc=False)
+    assert tvm.ir.structural_equal(replayed.mod, sch.mod)
+    theirs = ms.database.JSONDatabase(work_dir=str(tmp_path))  # MetaSchedule's reader
+    assert len(theirs) == 1 and tvm.ir.structural_equal(
+        theirs.query_ir_module(mod, target, "main"), sch.mod
+    )
+    assert len(WorkDatabase(tmp_path, [other]).memory.get_all_tuning_records()) == 0
+    first = (tmp_path / "database_workload.json").read_text().split(",")[0]
+    assert first == f'["{int(workload_key(mod), 16)}"'
