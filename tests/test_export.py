@@ -292,6 +292,10 @@ FUNCTION_ATTACKS = {
         _set(lambda f: (f[0][2][1], 0), ["int", "int64", 2**40]),
         "is not an integer from 0 to 16777216",
     ),
+    "a dimension a tuner would tile 537,600 ways": (
+        _set(lambda f: (f[0], 2), ["tensor", [["int", "int64", 14_414_400]], "float32"]),
+        "its dimension 14414400 has 537,600 tilings, more than the 100,000 any real model's has",
+    ),
     "100,000 nodes": (
         lambda f: f.__setitem__(slice(None), _relu_chain(100_000)),
         "the function has 100002 nodes (at most 20000)",

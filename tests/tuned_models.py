@@ -50,6 +50,15 @@ def valid_count(work: Path, tuner: str) -> int:
     return sum(1 for _, s in raw_measurements(work, tuner) if s is not None and np.isfinite(s))
 
 
+def valid_count_or_zero(work: Path, tuner: str) -> int:
+    """``valid_count`` of a log being written: 0 before it exists or while a line is half
+    written."""
+    try:
+        return valid_count(work, tuner)
+    except (FileNotFoundError, ValueError, IndexError):
+        return 0
+
+
 def write_tiny(folder: Path) -> tuple[Path, Path]:
     """``m.relay`` and ``m.params``: dense (1x32 by 16x32) + relu, seeded weights."""
     data, weight = relay.var("data", shape=(1, 32)), relay.var("w", shape=(16, 32))

@@ -21,6 +21,8 @@ can be written.
 from __future__ import annotations
 
 import base64
+import functools
+import math
 import re
 from collections.abc import Callable
 from typing import Any
@@ -30,6 +32,7 @@ import tvm
 from tvm import relay
 
 from ..errors import ModelError, describe_failure
+from ..extract import typed_function
 from .base import TunerTask
 
 #: A fused function has at most a few hundred calls (TVM's FuseOps stops at 256 ops deep).
@@ -418,7 +421,50 @@ def read_source(
     payload may hold nothing else but the tuner's own fields ``also``."""
     only_fields(payload, {"function", "constants"} | also)
     names = [_name(n) for n in _list(payload.get("constants"))]
-    return read_function(payload.get("function")), names
+    func = typed_function(read_function(payload.get("function")))
+    relay.analysis.post_order_visit(func, _check_types)
+    return func, names
+
+
+#: Ways to tile one dimension into four ordered factors, at most: tuners enumerate them for
+#: each axis they split (AutoTVM's split spaces, every one), and a dimension with many small
+#: prime factors has hundreds of thousands below 2^24. Real models' dimensions have far fewer
+#: (4,096: 455; 3,072: 1,144; 100,352 = 7·7·2,048: 3,640).
+MAX_TILINGS = 100_000
+
+
+def _check_types(node: Any) -> None:
+    """Every tensor a typed function computes (its operators' attributes make shapes too, as
+    ``full`` or ``reshape`` do) within the bounds its parameters' types are held to."""
+    if isinstance(node, relay.Expr) and not isinstance(node, (relay.Function, tvm.ir.Op)):
+        _check_type(node.checked_type)
+
+
+def _check_type(kind: Any) -> None:
+    if isinstance(kind, relay.TupleType):
+        for field in kind.fields:
+            _check_type(field)
+    elif isinstance(kind, relay.TensorType):
+        static = [int(d) for d in kind.shape if isinstance(d, tvm.tir.IntImm)]
+        read_shape(static)
+        for dim in static:
+            if tilings(dim) > MAX_TILINGS:
+                count = f"{tilings(dim):,} tilings, more than the {MAX_TILINGS:,}"
+                raise ValueError(f"its dimension {dim} has {count} any real model's has")
+
+
+@functools.cache
+def tilings(n: int) -> int:
+    """The ordered ways to write ``n`` as a product of four factors: for each prime power
+    p^e in ``n``, the ways to spread e over four factors, C(e + 3, 3)."""
+    count, prime = 1, 2
+    while prime * prime <= n:
+        exponent = 0
+        while n % prime == 0:
+            n, exponent = n // prime, exponent + 1
+        count *= math.comb(exponent + 3, 3)
+        prime += 1
+    return count * (4 if n > 1 else 1)
 
 
 def only_fields(payload: dict[str, Any], allowed: set[str]) -> None:

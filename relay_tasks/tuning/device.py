@@ -109,6 +109,23 @@ def _tracker_problem(tracker: tuple[str, int], key: str) -> str | None:
     return None
 
 
+def devices_left(tracker: tuple[str, int], key: str) -> str | None:
+    """Why no device under ``key`` can measure any more (the tracker gone, or no server
+    registered under the key, busy or free), or None. A server that dies drops its registration
+    at once; the tracker hands the tune's next requests to the others."""
+    from ..rpc import tracker_summary
+
+    where = f"{tracker[0]}:{tracker[1]}"
+    try:
+        summary = tracker_summary(tracker, TRACKER_TIMEOUT)
+    except (OSError, ValueError):
+        return f"the RPC tracker at {where} stopped answering"
+    servers = summary.get("server_info", [])
+    if any(isinstance(s, dict) and s.get("key") == f"server:{key}" for s in servers):
+        return None
+    return f"no device is left under --rpc-key {key!r} at {where}"
+
+
 def target_arch(target: Any) -> str:
     """The architecture an llvm target generates code for: its ``-mtriple``'s first part, or
     LLVM's default triple's (riscv64 in hhb-tvm)."""

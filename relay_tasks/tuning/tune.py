@@ -34,7 +34,7 @@ from ..adapters.base import Runner, open_appending
 from ..errors import ModelError, TuningError, TuningInterrupted, UsageError, describe_text
 from ..export import TaskFile, dumps, load_tasks, tasks_document
 from ..inputs import TargetLike, as_target
-from .device import check_runs_here, check_tracker
+from .device import check_runs_here, check_tracker, devices_left
 from .lock import held
 from .logs import refuse_links, set_aside_cut_lines
 from .records import Standing, standing
@@ -247,8 +247,9 @@ def _run_worker(
         child = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                  cwd=scratch, start_new_session=True,
                                  pass_fds=() if lock is None else (lock,))  # fmt: skip
+        watch = _DeviceWatch(runner)
         try:
-            while child.poll() is None and not stop:
+            while child.poll() is None and not stop and not watch.gone():
                 display.update()
                 time.sleep(0.2)
         finally:
@@ -256,6 +257,11 @@ def _run_worker(
             _stop(child)
     if stop:
         return stop[0]
+    if watch.problem is not None:
+        kept = standing(tasks, adapter.measurements(folder)).valid
+        raise TuningError(f"{watch.problem} for {watch.grace:.0f} s, so the tune stopped; {kept} "
+                          f"valid measurements are kept in {folder}: start a server (relay-tasks "
+                          "serve) and run the same command to resume")  # fmt: skip
     if child.returncode != 0:
         free = shutil.disk_usage(folder).free
         if free < FULL_DISK:  # TVM's writers fail with anything but "no space" when it is full
@@ -266,6 +272,33 @@ def _run_worker(
                           f"(details in {folder / LOG_FILE})")  # fmt: skip
     return None
 
+
+class _DeviceWatch:
+    """With ``--rpc-tracker``: the tracker asked every few seconds whether a device under the
+    key is still registered. Tuners wait for a device for ever; a tune with none left (their
+    servers died, or the tracker) for one measurement's timeout plus a margin ends instead."""
+
+    def __init__(self, runner: Runner) -> None:
+        self.runner, self.grace = runner, runner.timeout + DEVICE_MARGIN
+        self.next_look = time.monotonic() + DEVICE_POLL
+        self.problem: str | None = None
+        self.since = 0.0  # when the problem was first seen
+
+    def gone(self) -> bool:
+        if self.runner.tracker is None or time.monotonic() < self.next_look:
+            return False
+        self.next_look = time.monotonic() + DEVICE_POLL
+        problem = devices_left(self.runner.tracker, str(self.runner.key))
+        if problem is None or self.problem is None:
+            self.problem, self.since = problem, time.monotonic()
+            return False
+        return time.monotonic() - self.since >= self.grace
+
+
+#: Seconds between two looks at the tracker, and past a measurement's timeout that a tune waits
+#: for a device to come back.
+DEVICE_POLL = 2.0
+DEVICE_MARGIN = 10.0
 
 #: Free bytes below which a failed tune is put down to a full disk.
 FULL_DISK = 1 << 20

@@ -142,3 +142,52 @@ def test_a_key_without_a_device_is_one_line_within_seconds(tiny, tmp_path, capsy
     err = capsys.readouterr().err
     assert err.startswith(f"relay-tasks: error: no device is registered at 127.0.0.1:{tracker.port} "
                           "under --rpc-key 'the-devise' (keys there: the-device); ")  # fmt: skip
+
+
+def _wait_for(condition, seconds: float, child) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert child.poll() is None and time.monotonic() < deadline, child.communicate()
+        time.sleep(0.25)
+
+
+def test_a_tune_goes_on_when_a_device_dies_and_ends_when_none_is_left(tiny, tmp_path) -> None:
+    """Two servers under one key: one killed mid-tune, the tune measures on with the other;
+    that one killed too, the tune ends within the measurement timeout plus a margin, in one
+    line, its records kept (tuners themselves wait for a device for ever)."""
+    import subprocess
+    import sys
+
+    from relay_tasks.rpc import start_server, start_tracker
+    from relay_tasks.tuning.tune import DEVICE_MARGIN, DEVICE_POLL
+
+    from tuned_models import valid_count, valid_count_or_zero
+
+    tracker = start_tracker()
+    servers = [start_server(("127.0.0.1", tracker.port), "relay-tasks-dies", port=9500 + 100 * i)
+               for i in range(2)]  # fmt: skip
+    work, timeout = tmp_path / "work", 5
+    argv = [*tune_argv(tiny, "meta_schedule", work, 500), "--timeout", str(timeout),
+            "--rpc-tracker", f"127.0.0.1:{tracker.port}", "--rpc-key", "relay-tasks-dies"]  # fmt: skip
+    child = subprocess.Popen([sys.executable, "-m", "relay_tasks.cli", *argv],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        _wait_for(lambda: valid_count_or_zero(work, "meta_schedule") >= 1, 240, child)
+        servers[0].terminate()
+        measured = valid_count(work, "meta_schedule")
+        _wait_for(lambda: valid_count_or_zero(work, "meta_schedule") >= measured + 2, 120, child)
+        servers[1].terminate()
+        gone = time.monotonic()
+        _, err = child.communicate(timeout=120)
+        assert time.monotonic() - gone < timeout + DEVICE_MARGIN + 2 * DEVICE_POLL + 10
+    finally:
+        child.kill()
+        tracker.terminate()
+    assert child.returncode == relay_tasks.TuningError.exit_code
+    lines = [line for line in err.splitlines() if not line.startswith("relay-tasks: tuning task")]
+    kept = valid_count(work, "meta_schedule")
+    assert len(lines) == 1 and lines[0].startswith(
+        f"relay-tasks: error: no device is left under --rpc-key 'relay-tasks-dies' at 127.0.0.1:"
+        f"{tracker.port} for {timeout + DEVICE_MARGIN:.0f} s, so the tune stopped; {kept} valid "
+        "measurements are kept in "
+    ), err

@@ -19,7 +19,7 @@ import pytest
 import relay_tasks
 from relay_tasks.cli import main
 
-from tuned_models import TUNERS, raw_measurements, tune_argv, valid_count
+from tuned_models import TUNERS, raw_measurements, tune_argv, valid_count, valid_count_or_zero
 from zoo import load
 
 
@@ -133,13 +133,6 @@ def test_a_signal_stops_tuning_keeps_the_records_and_the_tune_resumes(
 def out_rows(work: Path) -> list:
     """The tasks of the work dir's last tune."""
     return json.loads((work / "tasks.json").read_text())["tasks"]
-
-
-def valid_count_or_zero(work: Path, tuner: str) -> int:
-    try:
-        return valid_count(work, tuner)
-    except (FileNotFoundError, ValueError, IndexError):  # not written yet, or half a line
-        return 0
 
 
 def test_progress_shows_on_a_terminal_only_and_stdout_keeps_the_result(tiny, tmp_path) -> None:
