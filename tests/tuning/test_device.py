@@ -151,7 +151,12 @@ def _wait_for(condition, seconds: float, child) -> None:
         time.sleep(0.25)
 
 
-def test_a_tune_goes_on_when_a_device_dies_and_ends_when_none_is_left(tiny, tmp_path) -> None:
+@pytest.mark.parametrize(
+    "tuner",
+    # The watch is the supervisor's, the same for every tuner: AutoTVM and Ansor in the slow tier.
+    ["meta_schedule", *(pytest.param(t, marks=pytest.mark.slow) for t in ("autotvm", "ansor"))],
+)
+def test_a_tune_goes_on_when_a_device_dies_and_ends_when_none_is_left(tuner, tiny, tmp_path):
     """Two servers under one key: one killed mid-tune, the tune measures on with the other;
     that one killed too, the tune ends within the measurement timeout plus a margin, in one
     line, its records kept (tuners themselves wait for a device for ever)."""
@@ -167,15 +172,15 @@ def test_a_tune_goes_on_when_a_device_dies_and_ends_when_none_is_left(tiny, tmp_
     servers = [start_server(("127.0.0.1", tracker.port), "relay-tasks-dies", port=9500 + 100 * i)
                for i in range(2)]  # fmt: skip
     work, timeout = tmp_path / "work", 5
-    argv = [*tune_argv(tiny, "meta_schedule", work, 500), "--timeout", str(timeout),
+    argv = [*tune_argv(tiny, tuner, work, 500), "--timeout", str(timeout),
             "--rpc-tracker", f"127.0.0.1:{tracker.port}", "--rpc-key", "relay-tasks-dies"]  # fmt: skip
     child = subprocess.Popen([sys.executable, "-m", "relay_tasks.cli", *argv],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
-        _wait_for(lambda: valid_count_or_zero(work, "meta_schedule") >= 1, 240, child)
+        _wait_for(lambda: valid_count_or_zero(work, tuner) >= 1, 240, child)
         servers[0].terminate()
-        measured = valid_count(work, "meta_schedule")
-        _wait_for(lambda: valid_count_or_zero(work, "meta_schedule") >= measured + 2, 120, child)
+        measured = valid_count(work, tuner)
+        _wait_for(lambda: valid_count_or_zero(work, tuner) >= measured + 2, 120, child)
         servers[1].terminate()
         gone = time.monotonic()
         _, err = child.communicate(timeout=120)
@@ -185,7 +190,7 @@ def test_a_tune_goes_on_when_a_device_dies_and_ends_when_none_is_left(tiny, tmp_
         tracker.terminate()
     assert child.returncode == relay_tasks.TuningError.exit_code
     lines = [line for line in err.splitlines() if not line.startswith("relay-tasks: tuning task")]
-    kept = valid_count(work, "meta_schedule")
+    kept = valid_count(work, tuner)
     assert len(lines) == 1 and lines[0].startswith(
         f"relay-tasks: error: no device is left under --rpc-key 'relay-tasks-dies' at 127.0.0.1:"
         f"{tracker.port} for {timeout + DEVICE_MARGIN:.0f} s, so the tune stopped; {kept} valid "
