@@ -98,6 +98,11 @@ class WorkDatabase:
         _append(self.records_file, [self.lines[key], _plain(_AS_JSON(record))])
 
 
+def trace_json(trace: Any) -> Any:
+    """A schedule's trace as the plain JSON a record holds (index maps as object JSON text)."""
+    return _plain(trace.as_json(remove_postproc=False))
+
+
 def _plain(value: Any) -> Any:
     """A record's JSON form as Python values; an index map as the object JSON text MetaSchedule
     writes for it (checked by :func:`.records.trace_problem` when read back)."""

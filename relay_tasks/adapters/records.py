@@ -103,6 +103,8 @@ TRACE_ANNOTATIONS = frozenset(
         "local_stage",
         "pragma_unroll_explicit",
         "pragma_auto_unroll_max_step",
+        # What TOPI's computes ask of MetaSchedule: a custom rule, which removes the annotation.
+        "schedule_rule",
     ]
 )
 #: Ansor's transform steps by their record names (``ANSOR_STEPS`` of its serialisation).
