@@ -159,8 +159,8 @@ def _autotvm_multiple(original: Callable[..., Any]) -> Callable[..., Any]:
         pairs = list(zip(mods, params, strict=False))  # upstream zips, so the shorter list rules
         return _upstream_errors(autotvm.extract_tasks_from_models)(
             [m for m, _ in pairs],
-            [_bound_by_name(m, p) for m, p in pairs],
             target,
+            [_bound_by_name(m, p) for m, p in pairs],
             ops=ops,
             target_host=target_host,
         )

@@ -719,9 +719,9 @@ def test_serve_registers_at_the_tracker_until_interrupted(monkeypatch, capsys) -
     )
 
 
-def test_the_readmes_command_reference_is_what_the_parser_prints() -> None:
-    """``./dev docs`` writes it; an option, default or help line changed in the parser alone
-    (or in the README alone) fails here until the reference is written again."""
+def test_the_command_reference_is_what_the_parser_prints() -> None:
+    """``./dev docs`` writes it into docs/cli.md; an option, default or help line changed in the
+    parser alone (or in the document alone) fails here until the reference is written again."""
     import importlib.util
 
     repo = Path(__file__).resolve().parent.parent
@@ -729,36 +729,55 @@ def test_the_readmes_command_reference_is_what_the_parser_prints() -> None:
     assert spec is not None and spec.loader is not None
     reference = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(reference)
-    written = reference.section((repo / "README.md").read_text())
-    assert written, "README.md lost its command reference markers"
-    assert written == reference.render(), "the README's command reference is stale: ./dev docs"
+    written = reference.section((repo / "docs" / "cli.md").read_text())
+    assert written, "docs/cli.md lost its command reference markers"
+    assert written == reference.render(), "docs/cli.md's command reference is stale: ./dev docs"
     for verb in ("extract", "tune", "status", "compile", "serve"):
         assert f"usage: relay-tasks {verb} [-h]" in written
 
 
-def test_the_readme_documents_every_option_and_uses_only_real_ones() -> None:
-    """Every verb and option the parser has is in the README (by one of its spellings), and
-    every command line the README shows parses (so an option renamed on one side shows here)."""
+def _documents() -> dict[str, str]:
+    """The README and every document in docs/, by name."""
+    repo = Path(__file__).resolve().parent.parent
+    paths = [repo / "README.md", *sorted((repo / "docs").glob("*.md"))]
+    return {path.name: path.read_text() for path in paths}
+
+
+def test_the_docs_document_every_option_and_use_only_real_ones() -> None:
+    """Every verb and option the parser has is written in the docs (by one of its spellings),
+    and every command line any document shows parses (so an option renamed on one side shows
+    here); the README's tour shows every verb."""
     import argparse
     import shlex
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    documents = _documents()
+    everything = "\n".join(documents.values())
     parser = build_parser()
     (verbs,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    written = set(re.findall(r"(?<![\w-])(--?[a-z][a-z-]*)", readme))
+    written = set(re.findall(r"(?<![\w-])(--?[a-z][a-z-]*)", everything))
     for verb, sub in verbs.choices.items():
-        assert f"relay-tasks {verb}" in readme, verb
+        assert f"relay-tasks {verb}" in documents["README.md"], verb
         options = [
             a.option_strings for a in sub._actions if a.option_strings[:1] not in ([], ["-h"])
         ]
         missing = [o for o in options if not set(o) & written]
         assert missing == [], (verb, missing)
-    commands = re.findall(r"^\./dev relay-tasks ((?:[^\n]*\\\n)*[^\n]*)", readme, re.MULTILINE)
-    assert len(commands) >= 15
-    for command in commands:
-        argv = shlex.split(command.replace("\\\n", " "), comments=True)
-        parsed = parser.parse_args(argv)  # an unknown option or choice exits
-        assert parsed.verb == argv[0]
+    for name, text in documents.items():
+        commands = re.findall(r"^\./dev relay-tasks ((?:[^\n]*\\\n)*[^\n]*)", text, re.MULTILINE)
+        assert name not in ("README.md", "models.md", "tuning.md") or len(commands) >= 4, name
+        for command in commands:
+            argv = shlex.split(command.replace("\\\n", " "), comments=True)
+            parsed = parser.parse_args(argv)  # an unknown option or choice exits
+            assert parsed.verb == argv[0], (name, command)
+
+
+def test_the_docs_links_lead_somewhere() -> None:
+    """Every relative link in the README and docs/ names a file that exists."""
+    repo = Path(__file__).resolve().parent.parent
+    for name, text in _documents().items():
+        folder = repo if name == "README.md" else repo / "docs"
+        for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", text):
+            assert (folder / target).exists(), (name, target)
 
 
 def test_an_unexpected_failure_is_one_line_asking_for_a_report(monkeypatch, capsys) -> None:

@@ -50,7 +50,7 @@ def task_texts() -> dict[str, str]:
 
 
 def _sealed(document: dict[str, Any]) -> dict[str, Any]:
-    """The document with its checksum recomputed, as the README defines it (an editor's tool
+    """The document with its checksum recomputed, as docs/security.md defines it (an editor's tool
     could do the same): sha256 of the compact, key-sorted JSON of everything else."""
     content = {name: value for name, value in document.items() if name != "sha256"}
     canonical = json.dumps(content, sort_keys=True, separators=(",", ":"))

@@ -43,7 +43,7 @@ def test_each_tuner_converts_its_inputs_once(tuner: str, conversions: dict[str, 
 
 def test_several_models_parse_the_target_once(conversions: dict[str, int]) -> None:
     (a, pa), (b, pb) = load("conv_bias_bn_relu"), load("dense_softmax")
-    assert extract_tasks_from_models([a, b], [pa, pb], X86)
+    assert extract_tasks_from_models([a, b], X86, [pa, pb])
     assert conversions == {"module": 2, "target": 1}
 
 

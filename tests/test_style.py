@@ -1,4 +1,4 @@
-"""What the README promises about the code, checked by the same command that runs the tests:
+"""What docs/testing.md promises about the code, checked by the same command that runs the tests:
 ruff's lint rules, ruff's formatting, and mypy --strict over the package."""
 
 from __future__ import annotations

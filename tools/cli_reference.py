@@ -1,8 +1,9 @@
-"""The README's command reference: what ``relay-tasks --help`` and each verb's ``--help`` print.
+"""The command reference (docs/cli.md): what ``relay-tasks --help`` and each verb's ``--help``
+print.
 
-    ./dev docs        rewrite that section of README.md from the parser
+    ./dev docs        rewrite that section of docs/cli.md from the parser
 
-tests/test_cli.py requires the README to hold exactly this text, so the reference cannot drift
+tests/test_cli.py requires docs/cli.md to hold exactly this text, so the reference cannot drift
 from the parser: a help line, option or default changed on one side only fails the tests.
 """
 
@@ -14,7 +15,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-README = REPO / "README.md"
+REFERENCE = REPO / "docs" / "cli.md"
 START = "<!-- command reference: written by ./dev docs from relay_tasks/cli.py -->"
 END = "<!-- end of command reference -->"
 #: The width argparse wraps to (it reads COLUMNS), fixed so the text does not follow a terminal.
@@ -42,20 +43,20 @@ def render() -> str:
     return f"{START}\n```text\n{body}```\n{END}"
 
 
-def section(readme: str) -> str:
-    """The reference as the README holds it now (empty if the markers are missing)."""
-    if START not in readme or END not in readme:
+def section(document: str) -> str:
+    """The reference as the document holds it now (empty if the markers are missing)."""
+    if START not in document or END not in document:
         return ""
-    return readme[readme.index(START) : readme.index(END) + len(END)]
+    return document[document.index(START) : document.index(END) + len(END)]
 
 
 def main() -> int:
-    text = README.read_text()
+    text = REFERENCE.read_text()
     current = section(text)
     if not current:
-        print(f"README.md has no {START!r} ... {END!r} section", file=sys.stderr)
+        print(f"{REFERENCE} has no {START!r} ... {END!r} section", file=sys.stderr)
         return 1
-    README.write_text(text.replace(current, render()))
+    REFERENCE.write_text(text.replace(current, render()))
     return 0
 
 

@@ -6,8 +6,8 @@
 Each module runs in its own scratch copy of the repository (under ``--work``), because mutmut
 reads one test selection per run from ``pyproject.toml``. Prints, per module, how many mutants
 the tests kill and the diff of every one that survives; ``--json`` writes the figures.
-A survivor is either a missing test or a change nobody can observe; the README's Testing
-section says how the latter are judged.
+A survivor is either a missing test or a change nobody can observe; docs/testing.md
+says how the latter are judged.
 """
 
 from __future__ import annotations

@@ -94,16 +94,17 @@ def extract_tasks(
 
 def extract_tasks_from_models(
     mods: Sequence[Any],
-    params: Sequence[ParamsLike],
     target: TargetLike,
+    params: Sequence[ParamsLike] | None = None,
     *,
     ops: Sequence[Any] | None = None,
     opt_level: int = 3,
     target_host: TargetLike | None = None,
 ) -> list[autotvm.task.Task]:
-    """Several models at once, equal to ``autotvm.task.extract_from_multiple_program``."""
+    """Several models at once, equal to ``autotvm.task.extract_from_multiple_program`` (which
+    takes ``mods, params, target``; here the house order, ``params[i]`` for ``mods[i]``)."""
     requests: list[Request] = []
-    for mod, weights in zip(mods, params, strict=True):
+    for mod, weights in zip(mods, [None] * len(mods) if params is None else params, strict=True):
         if requests:  # the target and settings are checked once, for the first model
             requests.append(requests[0].with_model(mod, weights))
         else:

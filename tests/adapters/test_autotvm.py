@@ -343,20 +343,20 @@ def test_several_models_equal_upstreams_multiple_program_extraction() -> None:
     upstream = autotvm.task.extract_from_multiple_program(
         [oracles.copy_module(m)["main"] for m in mods], params, X86
     )
-    ours = extract_tasks_from_models(mods, params, X86)
+    ours = extract_tasks_from_models(mods, X86, params)
     assert [(t.name, t.args) for t in ours] == [(t.name, t.args) for t in upstream]
-    first_two = extract_tasks_from_models(mods[:2], params[:2], X86)
+    first_two = extract_tasks_from_models(mods[:2], X86, params[:2])
     assert [(t.name, t.args) for t in first_two] == [(t.name, t.args) for t in ours]
     host = "llvm -mtriple=x86_64-linux-gnu -mcpu=haswell"
-    hosted = extract_tasks_from_models(mods, params, X86, target_host=host)
+    hosted = extract_tasks_from_models(mods, X86, params, target_host=host)
     assert {str(t.target.host) for t in hosted} == {str(tvm.target.Target(host))}  # every model
-    combined = extract_tasks_from_models(mods, params, X86, opt_level=4)
+    combined = extract_tasks_from_models(mods, X86, params, opt_level=4)
     assert [(t.name, t.args) for t in combined] != [(t.name, t.args) for t in ours]
     dense = [relay.op.get("nn.dense")]
-    only = extract_tasks_from_models(mods, params, X86, ops=dense)
+    only = extract_tasks_from_models(mods, X86, params, ops=dense)
     assert [t.name for t in only] == [t.name for t in ours if "dense" in t.name] != []
     with pytest.raises(ValueError):
-        extract_tasks_from_models(mods, params[:2], X86)  # a model without its params entry
+        extract_tasks_from_models(mods, X86, params[:2])  # a model without its params entry
     # Each model's params are bound, the first's and the others' (they decide the order).
     for models in (
         [_low_rank_update(), load("dense_softmax")],
@@ -366,7 +366,7 @@ def test_several_models_equal_upstreams_multiple_program_extraction() -> None:
         upstream = autotvm.task.extract_from_multiple_program(
             [oracles.copy_module(m)["main"] for m in mods], params, X86
         )
-        ours = extract_tasks_from_models(mods, params, X86)
+        ours = extract_tasks_from_models(mods, X86, params)
         assert [(t.name, t.args) for t in ours] == [(t.name, t.args) for t in upstream]
 
 
