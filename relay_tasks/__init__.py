@@ -39,9 +39,9 @@ from .errors import (
     UsageError,
 )
 from .export import load_tasks
-from .extract import Task, extract_tasks
 from .inputs import host_target
 from .loaders import load_model
+from .lowering.extract import Task, extract_tasks
 from .tuning import tune
 
 __all__ = [

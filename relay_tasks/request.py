@@ -17,7 +17,7 @@ from tvm.ir import IRModule
 from tvm.target import Target
 
 from .inputs import ParamsLike, TargetLike, as_module, as_params, as_target
-from .pipeline import PassSettings
+from .optimize.pipeline import PassSettings
 
 
 @dataclass(frozen=True)

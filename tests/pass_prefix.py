@@ -11,7 +11,7 @@ from tvm import relay
 
 from relay_tasks.adapters.meta_schedule import DEFAULT_PASS_CONFIG
 from relay_tasks.inputs import as_module
-from relay_tasks.pipeline import (
+from relay_tasks.optimize.pipeline import (
     Group,
     PassSettings,
     bind_params,

@@ -25,7 +25,7 @@ from relay_tasks.ir import (
     reads_of,
     reads_shared,
 )
-from relay_tasks.pipeline import PassSettings, extraction_scope, optimize
+from relay_tasks.optimize.pipeline import PassSettings, extraction_scope, optimize
 
 from zoo import CUDA, X86, load
 

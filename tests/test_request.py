@@ -9,7 +9,7 @@ import tvm
 import relay_tasks.request
 from relay_tasks import ModelError, extract
 from relay_tasks.adapters.autotvm import extract_tasks_from_models
-from relay_tasks.pipeline import PassSettings
+from relay_tasks.optimize.pipeline import PassSettings
 from relay_tasks.request import Request
 
 from zoo import X86, load

@@ -1,7 +1,7 @@
 """Mutation testing: mutmut over each core module with that module's fast tests.
 
     ./dev mutate                                  every module in TARGETS
-    ./dev mutate relay_tasks/fold.py --children 2 one module, two mutants at a time
+    ./dev mutate relay_tasks/optimize/fold.py --children 2 one module, two mutants at a time
 
 Each module runs in its own scratch copy of the repository (under ``--work``), because mutmut
 reads one test selection per run from ``pyproject.toml``. Prints, per module, how many mutants
@@ -28,9 +28,12 @@ NOT_THE_ZOO = ["-k", "not resnet"]
 
 #: Each module with the tests written for it (the fast ones: no model-zoo comparison marked slow).
 TARGETS: dict[str, list[str]] = {
-    "relay_tasks/extract.py": ["tests/test_extract.py"],
-    "relay_tasks/pipeline.py": ["tests/test_pipeline.py", "tests/test_extract.py"],
-    "relay_tasks/fold.py": ["tests/test_fold.py"],
+    "relay_tasks/lowering/extract.py": ["tests/lowering/test_extract.py"],
+    "relay_tasks/optimize/pipeline.py": [
+        "tests/optimize/test_pipeline.py",
+        "tests/lowering/test_extract.py",
+    ],
+    "relay_tasks/optimize/fold.py": ["tests/optimize/test_fold.py"],
     "relay_tasks/export.py": ["tests/test_export.py"],
     "relay_tasks/dropin.py": ["tests/test_dropin.py", "-k", "not tuning_script"],
     "relay_tasks/cli.py": ["tests/test_cli.py"],

@@ -34,7 +34,9 @@ from ..errors import (
     UsageError,
     describe_failure,
 )
-from ..extract import (
+from ..inputs import ParamsLike, TargetLike
+from ..ir import dunders_answered_in_python
+from ..lowering.extract import (
     Task,
     display_name,
     in_call_order,
@@ -42,11 +44,9 @@ from ..extract import (
     run_extraction,
     warn_skipped_dynamic,
 )
-from ..inputs import ParamsLike, TargetLike
-from ..ir import dunders_answered_in_python
-from ..pipeline import PassSettings, extraction_scope
+from ..lowering.vm_cache import op_weights, storage_size_tasks, vm_function_names
+from ..optimize.pipeline import PassSettings, extraction_scope
 from ..request import Request
-from ..vm_cache import op_weights, storage_size_tasks, vm_function_names
 from .base import (
     Adapter,
     Measurement,

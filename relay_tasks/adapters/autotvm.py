@@ -27,7 +27,9 @@ from tvm.autotvm.task.task import compute_flop, serialize_args
 from tvm.target import Target
 
 from ..errors import ModelError, describe_failure
-from ..extract import (
+from ..inputs import ParamsLike, TargetLike
+from ..ir import dunders_answered_in_python
+from ..lowering.extract import (
     Task,
     display_name,
     in_call_order,
@@ -35,9 +37,7 @@ from ..extract import (
     run_extraction,
     shape_text,
 )
-from ..inputs import ParamsLike, TargetLike
-from ..ir import dunders_answered_in_python
-from ..pipeline import PassSettings, extraction_scope
+from ..optimize.pipeline import PassSettings, extraction_scope
 from ..request import Request
 from .base import (
     Adapter,

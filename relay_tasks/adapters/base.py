@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from ..errors import ModelError, describe_text
-from ..extract import Task
+from ..lowering.extract import Task
 
 
 @dataclass(frozen=True)

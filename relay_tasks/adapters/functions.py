@@ -32,7 +32,7 @@ import tvm
 from tvm import relay
 
 from ..errors import ModelError, describe_failure
-from ..extract import typed_function
+from ..lowering.extract import typed_function
 from .base import TunerTask
 
 #: A fused function has at most a few hundred calls (TVM's FuseOps stops at 256 ops deep).

@@ -26,11 +26,11 @@ from tvm.ir import IRModule
 from tvm.ir.supply import NameSupply
 from tvm.target import Target
 
-from ..cxx import std_sort
 from ..errors import ModelError
-from ..extract import Task, lower_function, run_extraction, warn_skipped_dynamic
 from ..inputs import ParamsLike, TargetLike
-from ..pipeline import PassSettings, extraction_scope
+from ..lowering.cxx import std_sort
+from ..lowering.extract import Task, lower_function, run_extraction, warn_skipped_dynamic
+from ..optimize.pipeline import PassSettings, extraction_scope
 from ..request import Request
 from .base import (
     Adapter,

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from relay_tasks import cxx
-from relay_tasks.cxx import hash_combine, std_hash_string, std_sort, unordered_map_order
+from relay_tasks.lowering import cxx
+from relay_tasks.lowering.cxx import hash_combine, std_hash_string, std_sort, unordered_map_order
 
 _PROGRAM = r"""
 #include <algorithm>

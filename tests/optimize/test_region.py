@@ -19,8 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tvm import relay
 
-from relay_tasks import simplify
-from relay_tasks.region import run_on_region
+from relay_tasks.optimize import simplify
+from relay_tasks.optimize.region import run_on_region
 
 import frontend_models
 from checks import assert_typed_alike, counting_llvm_builds

@@ -10,10 +10,11 @@ import tvm
 from tvm import relay
 from tvm.ir.instrument import pass_instrument
 
-from relay_tasks import ExtractionError, simplify
+from relay_tasks import ExtractionError
 from relay_tasks.adapters.meta_schedule import DEFAULT_PASS_CONFIG
 from relay_tasks.inputs import as_module
-from relay_tasks.pipeline import (
+from relay_tasks.optimize import simplify
+from relay_tasks.optimize.pipeline import (
     Group,
     PassSettings,
     bind_params,
@@ -169,7 +170,7 @@ def test_a_scalar_operand_is_read_as_numpy_reads_it(dtype: str) -> None:
 def test_cpu_feature_answers_are_remembered_per_target_and_restored() -> None:
     from tvm.target import _ffi_api as target_api
 
-    from relay_tasks.pipeline import memoized_cpu_features
+    from relay_tasks.optimize.pipeline import memoized_cpu_features
 
     raw = target_api.target_has_feature
     targets = [
@@ -198,7 +199,7 @@ def test_layout_hooks_reuse_the_strategy_choice_only_inside_the_hooks(monkeypatc
     from tvm import topi
     from tvm.relay.backend import te_compiler
 
-    from relay_tasks.pipeline import memoized_layout_hooks
+    from relay_tasks.optimize.pipeline import memoized_layout_hooks
 
     built: list[str] = []
     real_select = te_compiler.select_implementation
@@ -232,7 +233,7 @@ def test_layout_hooks_reuse_the_strategy_choice_only_inside_the_hooks(monkeypatc
 @pytest.mark.parametrize("level", [-1, 5, 3.0, "3", None])
 def test_opt_level_outside_0_to_4_is_refused(level: Any) -> None:
     from relay_tasks import ModelError
-    from relay_tasks.pipeline import PassSettings
+    from relay_tasks.optimize.pipeline import PassSettings
 
     with pytest.raises(ModelError) as caught:
         PassSettings(level)
@@ -240,7 +241,7 @@ def test_opt_level_outside_0_to_4_is_refused(level: Any) -> None:
 
 
 def test_settings_merge_the_users_on_top_and_become_the_pass_context() -> None:
-    from relay_tasks.pipeline import PassSettings
+    from relay_tasks.optimize.pipeline import PassSettings
 
     base = PassSettings(2, {"a": 1, "b": 2}, frozenset({"X"}))
     assert base.merged() == base
@@ -268,7 +269,7 @@ def test_the_strategy_memo_key_tells_apart_everything_the_choice_depends_on() ->
     dtypes, output type, target, AutoTVM use and dispatch context are all equal."""
     from tvm import autotvm
 
-    from relay_tasks.pipeline import _implementation_key
+    from relay_tasks.optimize.pipeline import _implementation_key
 
     def key(**change: Any) -> Any:
         base = {
@@ -333,7 +334,7 @@ def test_a_pass_that_fails_is_one_extraction_error_naming_target_and_cause() -> 
 def test_a_module_is_still_typed_only_while_its_functions_are_the_typed_ones() -> None:
     """The runner skips an InferType a pass asks for only if no function changed since the
     module was last typed."""
-    from relay_tasks.pipeline import _Runner
+    from relay_tasks.optimize.pipeline import _Runner
 
     mod = relay.transform.InferType()(as_module(load("dense_softmax")[0]))
     runner = _Runner(tvm.transform.PassContext())
@@ -355,7 +356,7 @@ def test_a_module_is_still_typed_only_while_its_functions_are_the_typed_ones() -
 def test_a_module_changed_in_place_is_not_still_typed() -> None:
     """TVM's EtaExpand replaces the functions of the module it is given by untyped rebuilds;
     the runner must not take that module for the typed one it was."""
-    from relay_tasks.pipeline import _Runner
+    from relay_tasks.optimize.pipeline import _Runner
 
     mod = relay.transform.InferType()(as_module(load("dense_softmax")[0]))
     runner = _Runner(tvm.transform.PassContext())
@@ -368,7 +369,7 @@ def test_a_module_changed_in_place_is_not_still_typed() -> None:
 
 def test_a_required_pass_that_cannot_be_made_is_named() -> None:
     from relay_tasks import ExtractionError
-    from relay_tasks.pipeline import _named_pass
+    from relay_tasks.optimize.pipeline import _named_pass
 
     assert _named_pass("InferType").info.name == "InferType"
     with pytest.raises(ExtractionError) as caught:
@@ -454,7 +455,7 @@ def test_the_prefix_leaves_what_upstreams_leaves(build: Any) -> None:
 def test_a_required_infer_type_runs_only_when_the_module_changed(monkeypatch) -> None:
     """Upstream's Sequential would infer types four times here; nothing changes the functions
     after the first, so the runner infers them once."""
-    from relay_tasks import pipeline
+    from relay_tasks.optimize import pipeline
 
     names: list[str] = []
     real = pipeline._named_pass
@@ -473,7 +474,7 @@ def test_a_required_infer_type_runs_only_when_the_module_changed(monkeypatch) ->
 def test_a_dataflow_model_is_typed_once_with_its_params_bound(model: str, monkeypatch) -> None:
     """One type inference, of the bound model, before the prefix: none for the unbound one and
     none required by a pass (every pass after it keeps the module typed)."""
-    from relay_tasks import pipeline
+    from relay_tasks.optimize import pipeline
 
     checked: list[tvm.IRModule] = []
     real_check = pipeline.type_check
@@ -493,7 +494,7 @@ def test_fusion_leaves_the_module_untyped_unless_instruments_watch_or_types_are_
     """Our FuseOps fuses as TVM's does but declines the type inference over the whole module
     that TVM's ends with; under a context with an instrument of its own, or one that requires
     InferType, the module is typed as TVM types it."""
-    from relay_tasks.pipeline import FuseOps
+    from relay_tasks.optimize.pipeline import FuseOps
 
     mod, params = load("conv_bias_bn_relu")
     with extraction_scope(tvm.target.Target(X86), PassSettings()):
@@ -517,7 +518,7 @@ def test_fusion_leaves_the_module_untyped_unless_instruments_watch_or_types_are_
 def test_a_deferred_constant_inside_a_fused_function_stops_the_extraction(monkeypatch) -> None:
     """The guard behind deferral: were the rule "no deferral when FuseOps links params" ever
     broken, lowering would read an uninitialised buffer; the extraction fails instead."""
-    from relay_tasks import fold
+    from relay_tasks.optimize import fold
 
     monkeypatch.setattr(fold, "links_params", lambda mod, ctx: False)  # the rule, broken
     mod, params = load("conv_bias_bn_relu")
@@ -529,7 +530,7 @@ def test_a_deferred_constant_inside_a_fused_function_stops_the_extraction(monkey
 
 def test_a_pass_not_known_to_leave_constants_unread_gets_them_computed() -> None:
     """Deferred fold results are computed before any step outside the runner's list."""
-    from relay_tasks.fold import FoldConstant, deferred_placeholders
+    from relay_tasks.optimize.fold import FoldConstant, deferred_placeholders
 
     values = np.linspace(-1, 1, 4096, dtype="float32").reshape(64, 64)
     x = relay.var("x", shape=(64, 64))

@@ -18,7 +18,15 @@ from tvm.ir import IRModule
 from tvm.ir.transform import PassContext
 from tvm.target import Target
 
-from .errors import ExtractionError, ModelError, RelayTasksError, describe_failure
+from ..errors import ExtractionError, ModelError, RelayTasksError, describe_failure
+from ..inputs import type_check
+from ..ir import (
+    dunders_answered_in_python,
+    pointers_made_cheaply,
+    reads_shared,
+    stand_in,
+    with_functions,
+)
 from .fold import (
     FoldConstant,
     deferred_placeholders,
@@ -36,14 +44,6 @@ from .gates import (
     QnnLegalize,
     ToBasicBlockNormalForm,
     op_gated,
-)
-from .inputs import type_check
-from .ir import (
-    dunders_answered_in_python,
-    pointers_made_cheaply,
-    reads_shared,
-    stand_in,
-    with_functions,
 )
 from .simplify import SimplifyExpr, SimplifyExprPostAlterOp
 
@@ -150,7 +150,7 @@ def pass_prefix() -> list[Step]:
     Same passes, same order, same names and opt levels (a test compares the passes run with
     upstream's sequence); only the constant folding inside ``FoldConstant`` and ``FoldScaleAxis``
     is ours, and the simplification passes and those that rewrite only a few ops
-    (``qnn.Legalize``, :data:`~relay_tasks.gates.OP_TRIGGERS`) are skipped where they would
+    (``qnn.Legalize``, :data:`~relay_tasks.optimize.gates.OP_TRIGGERS`) are skipped where they would
     change nothing.
     """
     transform = relay.transform
@@ -255,7 +255,7 @@ class _Runner:
 
 
 #: Steps that read no constant's value, or compute the deferred ones they read (see
-#: :func:`~relay_tasks.fold.deferred_placeholders`): every other step runs only once all of
+#: :func:`~relay_tasks.optimize.fold.deferred_placeholders`): every other step runs only once all of
 #: them are computed.
 _FILLS_WHAT_IT_READS = frozenset(
     {

@@ -22,8 +22,7 @@ import tvm
 from tvm import relay
 from tvm.relay.dataflow_pattern import DFPatternCallback, is_constant, is_op, rewrite, wildcard
 
-from .fold import array_view, fill_within, folded_call
-from .ir import (
+from ..ir import (
     FunctionReads,
     call_parts,
     callee_name,
@@ -33,6 +32,7 @@ from .ir import (
     stand_in,
     with_functions,
 )
+from .fold import array_view, fill_within, folded_call
 from .region import run_on_region
 
 Check = Callable[[relay.Call], bool]
@@ -309,8 +309,8 @@ def simplify_locally(
     screens: tuple[Screen, ...],
     flagged: dict[Any, list[relay.Call] | None] | None = None,
 ) -> tvm.IRModule | None:
-    """``real`` run around the flagged calls only (see :mod:`relay_tasks.region`), or our own
-    rewrites where they are all that is flagged (:data:`_OWN_REWRITES`), round after round,
+    """``real`` run around the flagged calls only (see :mod:`relay_tasks.optimize.region`), or
+    our own rewrites where they are all that is flagged (:data:`_OWN_REWRITES`), round after round,
     until no call is flagged; None when that does not settle it.
 
     A graph in which no screen flags a call is a fixed point of every rewrite of the pass, so

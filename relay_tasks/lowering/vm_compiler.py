@@ -16,8 +16,8 @@ import tvm
 from tvm import relay
 from tvm.ir import IRModule
 
-from .errors import ExtractionError
-from .ir import (
+from ..errors import ExtractionError
+from ..ir import (
     diagnostic_text,
     diagnostics,
     is_optimizable,

@@ -5,7 +5,7 @@ compiler shape its tasks: the names it gives the functions it lowers (``vm_mod_f
 the function-use report it sends when done (``op_weights``: built from a hash-map cache, so its
 order is that cache's iteration order, copied through two TVM maps), and the storage-size
 functions its memory planning adds for dynamic shapes. Each is reproduced here, with real TVM
-maps where TVM's own map order matters and :mod:`relay_tasks.cxx` for libstdc++'s.
+maps where TVM's own map order matters and :mod:`relay_tasks.lowering.cxx` for libstdc++'s.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from tvm import relay
 from tvm.ir.supply import NameSupply
 from tvm.target import Target
 
+from ..optimize.pipeline import PassSettings, extraction_scope
 from .cxx import hash_combine, std_hash_string, unordered_map_order
 from .extract import Task, make_task, shape_text
 from .lower import flatten_tuple_type, lower_to_te
-from .pipeline import PassSettings, extraction_scope
 
 #: The module name the VM compiler gives its lowered functions.
 VM_MODULE_NAME = "vm_mod"

@@ -20,10 +20,10 @@ from relay_tasks.adapters.meta_schedule import (
     extract_task_from_relay,
     tir_module,
 )
-from relay_tasks.extract import run_extraction
-from relay_tasks.pipeline import PassSettings
+from relay_tasks.lowering.extract import run_extraction
+from relay_tasks.lowering.vm_compiler import compiler_calls
+from relay_tasks.optimize.pipeline import PassSettings
 from relay_tasks.request import Request
-from relay_tasks.vm_compiler import compiler_calls
 
 import oracles
 from checks import (
@@ -144,7 +144,7 @@ def test_weights_count_every_occurrence() -> None:
 
 
 def _fused_main(model: str, target: str) -> relay.Function:
-    from relay_tasks.pipeline import PassSettings, extraction_scope, optimize
+    from relay_tasks.optimize.pipeline import PassSettings, extraction_scope, optimize
 
     mod, params = load(model)
     with extraction_scope(tvm.target.Target(target), PassSettings()):
@@ -157,7 +157,7 @@ def test_each_tasks_function_is_typed_as_the_typed_fused_module_types_it(
 ) -> None:
     """Extraction leaves the fused module untyped and types each task's function alone: every
     node of it has the type that inference over the whole fused module gives it."""
-    from relay_tasks.pipeline import PassSettings, extraction_scope, optimize
+    from relay_tasks.optimize.pipeline import PassSettings, extraction_scope, optimize
 
     mod, params = load(model)
     tasks = extract_tasks(mod, target, params)
@@ -299,7 +299,7 @@ def test_a_function_only_other_functions_call_weighs_its_calls() -> None:
 
 
 def test_in_call_order_leaves_out_what_the_compiler_never_calls() -> None:
-    from relay_tasks.extract import in_call_order
+    from relay_tasks.lowering.extract import in_call_order
 
     def task(name: str, calls: tuple[int, ...]) -> Task:
         return Task(name, None, None, None, 1, name, (), calls)  # type: ignore[arg-type]
@@ -309,7 +309,7 @@ def test_in_call_order_leaves_out_what_the_compiler_never_calls() -> None:
 
 
 def test_dynamic_shapes_are_found_and_spelled_with_question_marks() -> None:
-    from relay_tasks.extract import display_name, dynamic_shape, shape_text
+    from relay_tasks.lowering.extract import display_name, dynamic_shape, shape_text
 
     assert shape_text([1, tvm.tir.IntImm("int64", 16)]) is None
     assert shape_text([tvm.tir.Any(), 16]) == "(?, 16)"
@@ -331,7 +331,7 @@ def test_dynamic_shapes_are_found_and_spelled_with_question_marks() -> None:
 
 def test_a_dynamic_task_is_left_out_with_one_warning_naming_it() -> None:
     from relay_tasks import SkippedTaskWarning
-    from relay_tasks.extract import warn_skipped_dynamic
+    from relay_tasks.lowering.extract import warn_skipped_dynamic
 
     x = relay.var("x", shape=(relay.Any(), 16))
     mod = tvm.IRModule.from_expr(relay.Function([x], relay.nn.relu(x)))

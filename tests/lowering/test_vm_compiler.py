@@ -8,8 +8,12 @@ import tvm
 from tvm import relay
 
 from relay_tasks.inputs import as_module, as_params
-from relay_tasks.pipeline import PassSettings, extraction_scope, optimize
-from relay_tasks.vm_compiler import _straight_line_calls, calls_after_passes, compiler_calls
+from relay_tasks.lowering.vm_compiler import (
+    _straight_line_calls,
+    calls_after_passes,
+    compiler_calls,
+)
+from relay_tasks.optimize.pipeline import PassSettings, extraction_scope, optimize
 
 from module_shapes import MODULE_SHAPES
 from small_graphs import SMALL_GRAPHS

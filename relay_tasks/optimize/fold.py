@@ -28,8 +28,8 @@ import tvm
 from tvm import relay
 from tvm.runtime import Object
 
-from .errors import ExtractionError
-from .ir import (
+from ..errors import ExtractionError
+from ..ir import (
     is_primitive_task,
     node_key,
     op_name,

@@ -20,7 +20,7 @@ from typing import Any
 import tvm
 from tvm import relay
 
-from .ir import node_key, reads_of, rebuild, with_children
+from ..ir import node_key, reads_of, rebuild, with_children
 
 PassOnModule = Callable[[tvm.IRModule], tvm.IRModule]
 

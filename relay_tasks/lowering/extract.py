@@ -19,18 +19,18 @@ from tvm.ir import IRModule
 from tvm.ir.supply import NameSupply
 from tvm.target import Target
 
-from .errors import (
+from ..errors import (
     ExtractionError,
     RelayTasksError,
     SkippedTaskWarning,
     describe_failure,
     warn,
 )
-from .inputs import ParamsLike, TargetLike
-from .ir import is_primitive_task, node_key
+from ..inputs import ParamsLike, TargetLike
+from ..ir import is_primitive_task, node_key
+from ..optimize.pipeline import PassSettings, extraction_scope, optimize
+from ..request import Request
 from .lower import ConstantNames, LoweredTE, flatten_tuple_type, lower_to_te
-from .pipeline import PassSettings, extraction_scope, optimize
-from .request import Request
 from .vm_compiler import compiler_calls
 
 
@@ -279,7 +279,7 @@ def _lower_groups(
 def typed_function(func: relay.Function) -> relay.Function:
     """A primitive function with every node typed, as type inference over its module types it
     (its parameters carry their types, so it is typed alone): the fused module itself is left
-    untyped (see :func:`~relay_tasks.pipeline.FuseOps`), and lowering reads the types."""
+    untyped (see :func:`~relay_tasks.optimize.pipeline.FuseOps`), and lowering reads the types."""
     try:
         func.body.checked_type  # noqa: B018 (raises when the function was never typed)
     except ValueError:

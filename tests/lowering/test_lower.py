@@ -8,8 +8,8 @@ from tvm import relay
 
 from relay_tasks import extract_tasks
 from relay_tasks.adapters.meta_schedule import DEFAULT_PASS_CONFIG, tir_module
-from relay_tasks.cxx import std_hash_string
-from relay_tasks.lower import MAX_FUNC_NAME_LENGTH, fused_function_name
+from relay_tasks.lowering.cxx import std_hash_string
+from relay_tasks.lowering.lower import MAX_FUNC_NAME_LENGTH, fused_function_name
 
 from zoo import X86, load, model_target_rows
 

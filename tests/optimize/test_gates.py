@@ -10,7 +10,7 @@ import pytest
 import tvm
 from tvm import relay
 
-from relay_tasks import gates
+from relay_tasks.optimize import gates
 
 from pass_prefix import modules_before_each_pass
 from zoo import X86, load, model_target_rows

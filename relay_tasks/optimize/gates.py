@@ -17,8 +17,8 @@ from typing import Any
 import tvm
 from tvm import relay
 
+from ..ir import FunctionReads, is_optimizable, node_key, reads_of, stand_in
 from .fold import fill_all
-from .ir import FunctionReads, is_optimizable, node_key, reads_of, stand_in
 
 
 def _skipped_unless(

@@ -19,9 +19,9 @@ from tvm import relay, te, tir
 from tvm.relay.backend import te_compiler
 from tvm.target import Target
 
+from ..errors import ExtractionError
+from ..ir import node_key
 from .cxx import std_hash_string
-from .errors import ExtractionError
-from .ir import node_key
 
 #: Upstream shortens longer fused names to this many characters plus a hash.
 MAX_FUNC_NAME_LENGTH = 80

@@ -1,0 +1,6 @@
+"""Stage 2: the model optimised up to ``FuseOps``, as upstream's VM pass prefix leaves it.
+
+``pipeline`` runs the prefix; ``fold`` folds constants in numpy (bit-identical to TVM's
+``FoldConstant``); ``simplify`` and ``gates`` skip or narrow the passes that would rewrite
+nothing; ``region`` runs a pass on a cut of the graph and splices the result back.
+"""
