@@ -34,6 +34,8 @@ TARGETS: dict[str, list[str]] = {
         "tests/lowering/test_extract.py",
     ],
     "relay_tasks/optimize/fold.py": ["tests/optimize/test_fold.py"],
+    "relay_tasks/optimize/evaluate.py": ["tests/optimize/test_fold.py"],
+    "relay_tasks/optimize/placeholders.py": ["tests/optimize/test_fold.py"],
     "relay_tasks/export.py": ["tests/test_export.py"],
     "relay_tasks/dropin.py": ["tests/test_dropin.py", "-k", "not tuning_script"],
     "relay_tasks/cli.py": ["tests/test_cli.py"],

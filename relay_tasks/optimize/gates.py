@@ -18,7 +18,7 @@ import tvm
 from tvm import relay
 
 from ..ir import FunctionReads, is_optimizable, node_key, reads_of, stand_in
-from .fold import fill_all
+from .placeholders import fill_all
 
 
 def _skipped_unless(

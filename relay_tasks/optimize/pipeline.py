@@ -27,13 +27,7 @@ from ..ir import (
     stand_in,
     with_functions,
 )
-from .fold import (
-    FoldConstant,
-    deferred_placeholders,
-    fill_all,
-    filled_on_read,
-    refuse_placeholders,
-)
+from .fold import FoldConstant
 from .gates import (
     OP_TRIGGERS,
     CanonicalizeCast,
@@ -45,6 +39,7 @@ from .gates import (
     ToBasicBlockNormalForm,
     op_gated,
 )
+from .placeholders import deferred_placeholders, fill_all, filled_on_read, refuse_placeholders
 from .simplify import SimplifyExpr, SimplifyExprPostAlterOp
 
 

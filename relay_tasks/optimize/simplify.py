@@ -32,7 +32,8 @@ from ..ir import (
     stand_in,
     with_functions,
 )
-from .fold import array_view, fill_within, folded_call
+from .fold import array_view, folded_call
+from .placeholders import fill_within
 from .region import run_on_region
 
 Check = Callable[[relay.Call], bool]

@@ -226,7 +226,7 @@ def test_a_deferred_constant_inside_a_task_fails_loudly() -> None:
     """The last fold may leave a large constant uncomputed; if one ever reached a primitive
     function, lowering would read an uninitialised buffer: extraction must refuse instead."""
     from relay_tasks.errors import ExtractionError
-    from relay_tasks.optimize.fold import refuse_placeholders
+    from relay_tasks.optimize.placeholders import refuse_placeholders
 
     placeholder = relay.Constant(tvm.nd.empty((64, 64), "float32"))
     x = relay.var("x", shape=(64, 64))

@@ -22,8 +22,9 @@ from tvm.ir.instrument import pass_instrument
 
 from relay_tasks.adapters.meta_schedule import DEFAULT_PASS_CONFIG
 from relay_tasks.inputs import as_module
-from relay_tasks.optimize import fold
-from relay_tasks.optimize.fold import EVALUATORS, evaluate_call, layout_transform, prefold_function
+from relay_tasks.optimize import evaluate, fold
+from relay_tasks.optimize.evaluate import EVALUATORS, evaluate_call, layout_transform
+from relay_tasks.optimize.fold import prefold_function
 from relay_tasks.optimize.pipeline import PassSettings, extraction_scope, optimize
 
 from checks import assert_meta_schedule_matches, assert_typed_alike, counting_llvm_builds
@@ -203,7 +204,7 @@ def test_moves_keep_every_nan_bit_as_tvm_does(dtype: str) -> None:
     x = _nans(dtype, (2, 3, 4))
     assert np.isnan(x).sum() == 4
     moves = _moves(x)
-    assert set(moves) == set(fold._MOVES)
+    assert set(moves) == set(evaluate._MOVES)
     for name, (call, args) in moves.items():
         assert _check(call, args) is not None, name
 
@@ -537,7 +538,7 @@ def test_arange_is_folded_only_where_exact(dtype: str, start, step, length: int)
     ],
 )
 def test_casts_are_done_here_only_where_numpy_converts_as_tvm_does(value, dtype, exact) -> None:
-    from relay_tasks.optimize.fold import _exact_cast
+    from relay_tasks.optimize.evaluate import _exact_cast
 
     assert (_exact_cast(np.asarray(value), dtype) is not None) == exact
 
@@ -545,13 +546,12 @@ def test_casts_are_done_here_only_where_numpy_converts_as_tvm_does(value, dtype,
 def test_a_result_that_disagrees_with_the_calls_type_is_not_trusted(monkeypatch) -> None:
     """The call's type has the last word: a result of another dtype, or of the right size but
     another shape, is left to TVM (an evaluator bug must not become a wrong constant)."""
-    from relay_tasks.optimize import fold
 
     x = np.arange(6, dtype="float32").reshape(2, 3)
     transpose = relay.transpose(_const(x))
     add = relay.add(_const(x), _const(x))
-    monkeypatch.setitem(fold.EVALUATORS, "transpose", lambda attrs, args: args[0].copy())
-    monkeypatch.setitem(fold.EVALUATORS, "add", lambda attrs, args: args[0].astype("float64"))
+    monkeypatch.setitem(evaluate.EVALUATORS, "transpose", lambda attrs, args: args[0].copy())
+    monkeypatch.setitem(evaluate.EVALUATORS, "add", lambda attrs, args: args[0].astype("float64"))
     for call in (transpose, add):
         assert (
             evaluate_call(call, [x] * len(call.args), relay.transform.InferTypeLocal(call)) is None
@@ -823,7 +823,8 @@ def test_folded_module_equals_upstream_fold_constant(target: str) -> None:
 
 def _fold_both(func: relay.Function) -> tuple[tvm.IRModule, tvm.IRModule]:
     """Our fold as the pipeline runs it (deferral allowed, placeholders tracked), TVM's."""
-    from relay_tasks.optimize.fold import FoldConstant, deferred_placeholders
+    from relay_tasks.optimize.fold import FoldConstant
+    from relay_tasks.optimize.placeholders import deferred_placeholders
 
     mod = relay.transform.InferType()(tvm.IRModule.from_expr(func))
     with tvm.transform.PassContext(opt_level=3), deferred_placeholders():
@@ -842,8 +843,10 @@ def test_deferred_results_that_nothing_reads_are_never_computed(monkeypatch) -> 
     from relay_tasks.optimize import fold
 
     calls: list[str] = []
-    real = fold.EVALUATORS["reshape"]
-    monkeypatch.setitem(fold.EVALUATORS, "reshape", lambda a, x: calls.append("r") or real(a, x))
+    real = evaluate.EVALUATORS["reshape"]
+    monkeypatch.setitem(
+        evaluate.EVALUATORS, "reshape", lambda a, x: calls.append("r") or real(a, x)
+    )
     w = np.random.default_rng(3).standard_normal((64, 128)).astype("float32")
     x = relay.var("x", shape=(128, 64))
     func = relay.Function([x], relay.add(x, relay.reshape(relay.const(w), (128, 64))))
@@ -865,7 +868,8 @@ def test_deferred_results_that_nothing_reads_are_never_computed(monkeypatch) -> 
 def test_placeholders_are_tracked_until_filled_and_the_size_bound_is_inclusive() -> None:
     """Each deferred result is listed as unfilled while the guard is open, and leaves the list
     when something reads it; exactly DEFER_MIN_ELEMENTS elements is large enough to defer."""
-    from relay_tasks.optimize.fold import DEFER_MIN_ELEMENTS, FoldConstant, deferred_placeholders
+    from relay_tasks.optimize.fold import FoldConstant
+    from relay_tasks.optimize.placeholders import DEFER_MIN_ELEMENTS, deferred_placeholders
 
     side = int(DEFER_MIN_ELEMENTS**0.5)
     assert side * side == DEFER_MIN_ELEMENTS
@@ -940,7 +944,7 @@ def test_bool_constants_are_read_as_bools() -> None:
     ids=["bool", "empty", "strided", "unaligned", "scalar"],
 )
 def test_every_kind_of_array_becomes_an_equal_ndarray(value: np.ndarray) -> None:
-    from relay_tasks.optimize.fold import as_ndarray
+    from relay_tasks.optimize.evaluate import as_ndarray
 
     converted = as_ndarray(value)
     assert converted.dtype == str(value.dtype) and converted.shape == value.shape
@@ -955,7 +959,7 @@ def test_every_kind_of_array_becomes_an_equal_ndarray(value: np.ndarray) -> None
 def test_tiled_transposes_copy_every_element(shape: tuple[int, ...], data: st.DataObject) -> None:
     """Transposed weights are copied in tiles when large: every permutation of every shape
     gives numpy's own contiguous copy, aligned so it becomes a constant without a copy."""
-    from relay_tasks.optimize.fold import contiguous
+    from relay_tasks.optimize.evaluate import contiguous
 
     x = np.arange(int(np.prod(shape)), dtype="float32").reshape(shape)
     axes = data.draw(st.permutations(range(len(shape))))
@@ -965,7 +969,7 @@ def test_tiled_transposes_copy_every_element(shape: tuple[int, ...], data: st.Da
 
 
 def test_a_large_transpose_is_tiled_and_exact() -> None:
-    from relay_tasks.optimize.fold import contiguous
+    from relay_tasks.optimize.evaluate import contiguous
 
     w = np.random.default_rng(4).standard_normal((300, 130)).astype("float32")
     assert np.array_equal(contiguous(w.T), w.T)
@@ -1007,7 +1011,7 @@ def test_reshaped_and_broadcast_weights_fold_as_tvm_folds_them() -> None:
 def test_reshapes_and_unit_broadcasts_of_a_folded_constant_share_its_buffer() -> None:
     """The operand's bytes under another shape become a view of its array, not a copy (72
     weight matrices of BERT-base from PyTorch: 650 MB of copies otherwise)."""
-    from relay_tasks.optimize.fold import _buffer
+    from relay_tasks.optimize.placeholders import buffer_address
 
     w = np.random.default_rng(6).standard_normal((64, 96)).astype("float32")
     t = relay.transpose(relay.const(w))
@@ -1016,11 +1020,11 @@ def test_reshapes_and_unit_broadcasts_of_a_folded_constant_share_its_buffer() ->
     mod = relay.transform.InferType()(tvm.IRModule.from_expr(func))
     folded, _ = prefold_function(mod["main"])
     assert tvm.ir.structural_equal(folded, relay.transform.FoldConstant()(mod)["main"])
-    assert len({_buffer(field.data) for field in folded.body.fields}) == 1
+    assert len({buffer_address(field.data) for field in folded.body.fields}) == 1
 
 
 def test_fresh_results_become_constants_without_a_copy_and_views_are_copied() -> None:
-    from relay_tasks.optimize.fold import aligned_empty, as_ndarray
+    from relay_tasks.optimize.evaluate import aligned_empty, as_ndarray
 
     fresh = aligned_empty((64, 64), "float32")
     fresh[...] = 1.5
@@ -1058,7 +1062,7 @@ def test_links_params_decides_as_fuse_ops_does(config: Any, executor: Any, linke
 
 def test_an_unfilled_placeholder_inside_a_fused_function_is_named() -> None:
     from relay_tasks.errors import ExtractionError
-    from relay_tasks.optimize.fold import refuse_placeholders
+    from relay_tasks.optimize.placeholders import refuse_placeholders
 
     placeholder = relay.Constant(tvm.nd.empty((8,), "float32"))
     other = relay.Constant(tvm.nd.array(np.ones(8, "float32")))
@@ -1124,7 +1128,7 @@ def test_a_deferred_constant_is_computed_before_tvm_simplifies_a_cut_holding_it(
 def _prefix_and_ours(mod: tvm.IRModule) -> tuple[Any, tuple[tvm.IRModule, tvm.IRModule]]:
     """Our pipeline (deferral on) and upstream's prefix + FuseOps, with every constant still
     outside a fused function computed in ours (as something would compute it on reading)."""
-    from relay_tasks.optimize.fold import deferred_placeholders, fill_all
+    from relay_tasks.optimize.placeholders import deferred_placeholders, fill_all
 
     with (
         extraction_scope(tvm.target.Target(X86), PassSettings(config=dict(DEFAULT_PASS_CONFIG))),
@@ -1160,7 +1164,7 @@ def test_python_hooks_read_deferred_weights_computed(monkeypatch) -> None:
 
 
 def test_the_read_hook_is_installed_while_any_extraction_needs_it() -> None:
-    from relay_tasks.optimize.fold import filled_on_read
+    from relay_tasks.optimize.placeholders import filled_on_read
 
     assert "data" not in vars(relay.Constant)
     with filled_on_read():

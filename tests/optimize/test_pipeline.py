@@ -530,7 +530,8 @@ def test_a_deferred_constant_inside_a_fused_function_stops_the_extraction(monkey
 
 def test_a_pass_not_known_to_leave_constants_unread_gets_them_computed() -> None:
     """Deferred fold results are computed before any step outside the runner's list."""
-    from relay_tasks.optimize.fold import FoldConstant, deferred_placeholders
+    from relay_tasks.optimize.fold import FoldConstant
+    from relay_tasks.optimize.placeholders import deferred_placeholders
 
     values = np.linspace(-1, 1, 4096, dtype="float32").reshape(64, 64)
     x = relay.var("x", shape=(64, 64))
