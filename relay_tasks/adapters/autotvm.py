@@ -339,7 +339,6 @@ def tune(
     for m in measurements(work_dir):
         valid[m.key] = valid.get(m.key, 0) + m.valid
     natives = [create_task(t.native.name, t.native.args, target) for t in tasks]
-    check_configs(natives, log)
     history = list(autotvm.record.load_from_file(str(log))) if log.exists() else []
     plan = allotments(
         trials, [valid.get(t.key, 0) for t in tasks], [len(n.config_space) for n in natives]

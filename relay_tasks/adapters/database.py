@@ -15,7 +15,7 @@ import json
 import struct
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import tvm
 from tvm import meta_schedule as ms
@@ -36,12 +36,45 @@ def workload_key(mod: IRModule) -> str:
     return f"{int(tvm.ir.structural_hash(mod)) & (2**64 - 1):016x}"
 
 
-def line_key(path: Path, number: int, line: str) -> str:
+def _line_key(path: Path, number: int, line: str) -> str:
     """The key of a workload line ``[structural hash, module]``; its module is never read."""
     try:
         return f"{int(json.loads(line)[0]) & (2**64 - 1):016x}"
     except (TypeError, ValueError, IndexError, KeyError) as err:
         raise damaged(path, number, f"{type(err).__name__}: {err}") from err
+
+
+class Entry(NamedTuple):
+    """One record line: where it is, its task's key, and its fields as plain JSON."""
+
+    number: int
+    key: str
+    trace: Any
+    run_secs: Any
+    args_info: Any
+
+
+def read_records(work_dir: Path) -> tuple[list[str], list[Entry]]:
+    """The key of each workload line, and each record line whose trace passes
+    :func:`.records.trace_problem` (anything else is one ``ModelError`` naming file and line).
+
+    A record is ``[workload index, [trace, run_secs, target, args_info]]``; its target is never
+    read (a work dir is tuned for one target).
+    """
+    workloads, records = work_dir / WORKLOADS, work_dir / RECORDS
+    keys = [_line_key(workloads, number, line) for number, line in record_lines(workloads)]
+    entries = []
+    for number, line in record_lines(records):
+        try:
+            index, (trace, run_secs, *rest) = json.loads(line)
+            key = keys[index]
+        except (TypeError, ValueError, IndexError) as err:
+            raise damaged(records, number, f"{type(err).__name__}: {err}") from err
+        problem = trace_problem(trace)
+        if problem:
+            raise damaged(records, number, problem)
+        entries.append(Entry(number, key, trace, run_secs, rest[1] if len(rest) > 1 else None))
+    return keys, entries
 
 
 class WorkDatabase:
@@ -56,32 +89,20 @@ class WorkDatabase:
         self.workloads_file, self.records_file = work_dir / WORKLOADS, work_dir / RECORDS
         self.memory = ms.database.MemoryDatabase()
         self.modules = {workload_key(m): m for m in modules}
-        keys = [
-            line_key(self.workloads_file, *numbered)
-            for numbered in record_lines(self.workloads_file)
-        ]
+        keys, entries = read_records(work_dir)
         self.lines = {key: index for index, key in reversed(list(enumerate(keys)))}
         self.count = len(keys)
-        for number, line in record_lines(self.records_file):
-            self._load(number, line, keys)
+        for entry in entries:
+            if entry.key in self.modules:
+                self._load(entry)
 
-    def _load(self, number: int, line: str, keys: list[str]) -> None:
+    def _load(self, entry: Entry) -> None:
+        workload = self.memory.commit_workload(self.modules[entry.key])
         try:
-            index, (trace, run_secs, _, args_info) = json.loads(line)
-            key = keys[index]
-        except (TypeError, ValueError, IndexError) as err:
-            raise damaged(self.records_file, number, f"{type(err).__name__}: {err}") from err
-        problem = trace_problem(trace)
-        if problem:
-            raise damaged(self.records_file, number, problem)
-        if key not in self.modules:
-            return
-        workload = self.memory.commit_workload(self.modules[key])
-        try:  # the record's target is not read: the work dir is tuned for one target
-            plain = tvm.runtime.convert([trace, run_secs, None, args_info])
+            plain = tvm.runtime.convert([entry.trace, entry.run_secs, None, entry.args_info])
             record = ms.database.TuningRecord.from_json(plain, workload)
         except (tvm.TVMError, ValueError, TypeError) as err:
-            raise damaged(self.records_file, number, describe_failure(err)) from err
+            raise damaged(self.records_file, entry.number, describe_failure(err)) from err
         self.memory.commit_tuning_record(record)
 
     def commit(self, record: Any) -> None:

@@ -9,7 +9,6 @@ the same over the backend's occurrences: TIR once per distinct function, then up
 from __future__ import annotations
 
 import importlib
-import json
 import re
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -41,12 +40,10 @@ from .base import (
     damaged,
     failure_cause,
     read_causes,
-    record_lines,
     valid_for,
 )
-from .database import RECORDS, WORKLOADS, WorkDatabase, line_key, workload_key
+from .database import RECORDS, WORKLOADS, WorkDatabase, read_records, workload_key
 from .functions import read_source, source_data
-from .records import trace_problem
 
 NAME = "meta_schedule"
 MODULE_EQUALITIES = ("structural", "ignore-ndarray", "anchor-block")
@@ -410,32 +407,22 @@ class _CommitEach(ms.runner.PyRunner):  # type: ignore[misc]  # pragma: no mutat
 
 
 def measurements(work_dir: Path) -> list[Measurement]:
-    """The JSON database's records in commit order (its API sorts them by latency).
-
-    A record is ``[workload index, [trace, run_secs, target, args]]``; a workload line starts with
-    its structural hash, which is this adapter's task key. Each trace is checked against
-    :mod:`.records`' allowlist: every command that lets MetaSchedule read the database reads
-    these first.
-    """
-    workloads, records = work_dir / WORKLOADS, work_dir / RECORDS
-    if not records.exists():
+    """The JSON database's records in commit order (its API sorts them by latency), each under
+    its workload's structural hash, this adapter's task key; every trace checked (see
+    :func:`.database.read_records`) before anything lets MetaSchedule read the database."""
+    if not (work_dir / RECORDS).exists():
         return []
-    keys = [line_key(workloads, n, line) for n, line in record_lines(workloads)]
     errors = read_causes(work_dir / ERRORS_FILE)
     result = []
-    for number, line in record_lines(records):
+    for entry in read_records(work_dir)[1]:
+        run_secs = entry.run_secs
         try:
-            index, (trace, run_secs, *_) = json.loads(line)
-            task_key = keys[index]
             seconds = sum(run_secs) / len(run_secs) if run_secs else None
-        except (TypeError, ValueError, IndexError, ZeroDivisionError) as err:
-            raise damaged(records, number, f"{type(err).__name__}: {err}") from err
-        problem = trace_problem(trace)
-        if problem:
-            raise damaged(records, number, problem)
+        except (TypeError, ValueError, ZeroDivisionError) as err:
+            raise damaged(work_dir / RECORDS, entry.number, f"{type(err).__name__}: {err}") from err
         failed = seconds is None or seconds >= 1e9  # MetaSchedule's mark of a failed run
         error = next(errors) if failed else ""
-        result.append(Measurement(task_key, None if failed else seconds, error))
+        result.append(Measurement(entry.key, None if failed else seconds, error))
     return result
 
 
