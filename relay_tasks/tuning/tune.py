@@ -281,18 +281,21 @@ class _DeviceWatch:
     def __init__(self, runner: Runner) -> None:
         self.runner, self.grace = runner, runner.timeout + DEVICE_MARGIN
         self.next_look = time.monotonic() + DEVICE_POLL
+        self.seen: str | None = None  # what is wrong now, and since when
+        self.since = 0.0
+        #: Why the tune was stopped, once it was.
         self.problem: str | None = None
-        self.since = 0.0  # when the problem was first seen
 
     def gone(self) -> bool:
         if self.runner.tracker is None or time.monotonic() < self.next_look:
             return False
         self.next_look = time.monotonic() + DEVICE_POLL
-        problem = devices_left(self.runner.tracker, str(self.runner.key))
-        if problem is None or self.problem is None:
-            self.problem, self.since = problem, time.monotonic()
-            return False
-        return time.monotonic() - self.since >= self.grace
+        seen = devices_left(self.runner.tracker, str(self.runner.key))
+        if seen is None or self.seen is None:
+            self.seen, self.since = seen, time.monotonic()
+        elif time.monotonic() - self.since >= self.grace:
+            self.problem = seen
+        return self.problem is not None
 
 
 #: Seconds between two looks at the tracker, and past a measurement's timeout that a tune waits

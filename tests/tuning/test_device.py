@@ -196,3 +196,18 @@ def test_a_tune_goes_on_when_a_device_dies_and_ends_when_none_is_left(tuner, tin
         f"{tracker.port} for {timeout + DEVICE_MARGIN:.0f} s, so the tune stopped; {kept} valid "
         "measurements are kept in "
     ), err
+
+
+def test_devices_missing_for_less_than_the_grace_stop_nothing(monkeypatch) -> None:
+    """A tune that ends while its devices have been missing for less than a measurement's
+    timeout plus the margin ended by itself: the watch has no verdict to report."""
+    import importlib
+
+    from relay_tasks.adapters.base import Runner
+
+    tuning = importlib.import_module("relay_tasks.tuning.tune")
+    monkeypatch.setattr(tuning, "DEVICE_POLL", 0.0)
+    monkeypatch.setattr(tuning, "devices_left", lambda tracker, key: "no device is left")
+    watch = tuning._DeviceWatch(Runner(("127.0.0.1", 9190), "k", 5.0))
+    assert not watch.gone() and not watch.gone()  # seen twice, for far less than 15 s
+    assert watch.problem is None
