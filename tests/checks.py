@@ -232,3 +232,18 @@ def assert_task_file_round_trips(mod: tvm.IRModule, params: Params, target: str)
             loaded = load_tasks(path).tasks
         rows = lambda ts: [(t.name, t.weight, t.anchor_op, t.key, t.group) for t in ts]  # noqa: E731
         assert rows(loaded) == rows(tasks), _first_difference(rows(tasks), rows(loaded))
+
+
+def constant(value: np.ndarray) -> relay.Constant:
+    """A constant of exactly this dtype (``relay.const`` turns float64 into float32)."""
+    return relay.Constant(tvm.nd.array(np.asarray(value)))
+
+
+def fold_both(func: relay.Function) -> tuple[tvm.IRModule, tvm.IRModule]:
+    """Our fold as the pipeline runs it (deferral allowed, placeholders tracked), TVM's."""
+    from relay_tasks.optimize.fold import FoldConstant
+    from relay_tasks.optimize.placeholders import deferred_placeholders
+
+    mod = relay.transform.InferType()(tvm.IRModule.from_expr(func))
+    with tvm.transform.PassContext(opt_level=3), deferred_placeholders():
+        return FoldConstant()(mod), relay.transform.FoldConstant()(mod)

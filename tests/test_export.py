@@ -586,6 +586,24 @@ def test_gflop_is_the_tasks_work_in_billions() -> None:
     assert [t["gflop"] for t in document["tasks"] if "conv2d" in t["name"]] == [210.453398]
 
 
+def test_the_formats_page_shows_what_extract_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """docs/formats.md quotes a model, a command and its output: the command, run on that
+    model, prints that output byte for byte."""
+    import re
+    import shlex
+
+    page = (Path(__file__).resolve().parent.parent / "docs" / "formats.md").read_text()
+    model, command, output = re.findall(r"^```[a-z]*\n(.*?)^```$", page, re.M | re.S)[:3]
+    argv = shlex.split(command.replace("\\\n", " "))
+    assert argv[:3] == ["./dev", "relay-tasks", "extract"]
+    (tmp_path / argv[3]).write_text(model)
+    monkeypatch.chdir(tmp_path)
+    assert main(argv[2:]) == 0
+    assert capsys.readouterr().out == output
+
+
 def test_task_files_are_indented_with_sorted_keys(task_texts) -> None:
     """Two extractions diff line by line: two-space indents, keys in sorted order."""
     text = dumps(json.loads(task_texts["meta_schedule"]))
