@@ -6,18 +6,22 @@ counts, whether the task lists are equal, and the ratio upstream/ours.
 
     python bench/extract.py                         # one row per model class, x86 and CUDA
     python bench/extract.py --models resnet-18 mobilenet vgg-16 --targets x86 --repeat 3
-    python bench/extract.py --sweep --tuners meta_schedule --targets x86   # encoder depths
+    python bench/extract.py --sweep --tuners meta_schedule --targets x86   # depths
     python bench/extract.py --models resnet18.pt --input-shapes 'input0:[1,3,224,224]'
 
 A model is a built-in name, a bench model (``bench/models.py``: PyTorch and ONNX transformers
-and CNNs, a ConstantOfShape graph, small models; built once into ``--cache-dir``, which needs
-the ``torch`` extra), or a model file (anything ``relay-tasks extract`` reads; loading is not
+and CNNs, a ConstantOfShape graph, small models, and families traced to TorchScript files and
+loaded as ``relay-tasks extract FILE.pt`` loads them; built once into ``--cache-dir``, which
+needs the ``torch`` extra), or a model file (anything ``relay-tasks extract`` reads; loading is not
 timed). ``--input-shapes`` applies to every file model, as in the CLI. Peak RSS is the
 process's peak during the extraction (on Linux; elsewhere the whole process's), which counts
 the loaded model but not the peak of loading it.
 
-The default run ends with the CLI's default job (``relay-tasks extract``, ResNet-50) timed as a
-whole process, and the part of it that is importing ``relay_tasks.cli``.
+Each row also counts the LLVM builds each side made (and their seconds): upstream's
+``FoldConstant`` compiles every constant call it evaluates. The default run ends with the
+CLI's default job (``relay-tasks extract``, ResNet-50) timed as a whole process, and the part
+of it that is importing ``relay_tasks.cli``; then ``relay-tasks extract`` of a traced Llama
+file, beside ``import torch`` alone.
 
 Upstream's AutoTVM and Ansor extraction cannot compile for CUDA on this TVM build (see
 tests/cuda_schedules.py): their CUDA rows show upstream's (partial) result, marked unequal.
@@ -26,12 +30,14 @@ tests/cuda_schedules.py): their CUDA rows show upstream's (partial) result, mark
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -60,15 +66,41 @@ def _measure(side: str, tuner: str, model: str, target: str, shapes: str) -> dic
         mod, params = relay_tasks.load_model(model, shapes=given, dtypes=dtypes)
     tgt = tvm.target.Target(target)
     peak_from_here = _reset_peak_rss()
+    builds: list[float] = []
     started = time.perf_counter()
-    rows = _extract(side, tuner, mod, tgt, params)
+    with _llvm_builds_timed(builds):
+        rows = _extract(side, tuner, mod, tgt, params)
     seconds = time.perf_counter() - started
     peak = _peak_rss_kib() if peak_from_here else None
     return {
         "seconds": seconds,
         "rows": rows,
         "rss_mib": (peak or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) / 1024,
+        "builds": len(builds),
+        "build_seconds": sum(builds),
     }
+
+
+@contextlib.contextmanager
+def _llvm_builds_timed(builds: list[float]) -> Iterator[None]:
+    """Each LLVM build made meanwhile (code generation; the JIT's load follows on first use),
+    as its seconds: constant folding's evaluations, for the most part."""
+    import tvm
+
+    original = tvm.get_global_func("target.build.llvm")
+
+    def timed(mod: Any, target: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return original(mod, target)
+        finally:
+            builds.append(time.perf_counter() - started)
+
+    tvm.register_func("target.build.llvm", timed, override=True)
+    try:
+        yield
+    finally:
+        tvm.register_func("target.build.llvm", original, override=True)
 
 
 def _reset_peak_rss() -> bool:
@@ -154,14 +186,32 @@ DEFAULT_MODELS = [
     "constant-of-shape",
     "small",
     "single-op",
+    "t5-encoder",
+    "llama-decoder",
+    "swin-tiny",
+    "deeplabv3",
+    "convnext-tiny",
+    "efficientnet-b0",
 ]
-SWEEP = ["bert-base-L1", "bert-base-L4", "bert-base", "bert-base-L24"]
+#: Depth sweeps: a transformer family (BERT-base encoders) and a CNN family (ResNets).
+SWEEP = [
+    "bert-base-L1",
+    "bert-base-L4",
+    "bert-base",
+    "bert-base-L24",
+    "resnet-18",
+    "resnet-34",
+    "resnet-50",
+    "resnet-101",
+]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=None, help="default: one per class")
-    parser.add_argument("--sweep", action="store_true", help="BERT-base at 1/4/12/24 layers")
+    parser.add_argument(
+        "--sweep", action="store_true", help="BERT-base at 1/4/12/24 layers, ResNet-18/34/50/101"
+    )
     parser.add_argument(
         "--cache-dir",
         type=Path,
@@ -180,7 +230,7 @@ def main() -> int:
 
     header = (
         f"{'tuner':<14}{'model':<22}{'target':<7}{'upstream s':>11}{'ours s':>9}{'ratio':>8}"
-        f"{'tasks up/ours':>15}{'equal':>7}{'RSS MiB up/ours':>17}"
+        f"{'tasks up/ours':>15}{'equal':>7}{'RSS MiB up/ours':>17}{'JIT builds (s) up/ours':>24}"
     )
     print(header)
     print("-" * len(header))
@@ -193,6 +243,7 @@ def main() -> int:
                 print(f"{tuner:<14}{Path(name).name:<22}{tname:<7}{row}", flush=True)
     if not args.models and not args.sweep:
         print(_whole_process(args.repeat))
+        print(_whole_process_of_a_file(args.cache_dir))
     return 0
 
 
@@ -206,6 +257,24 @@ def _whole_process(repeat: int) -> str:
     return (
         f"\nrelay-tasks extract (resnet-50), whole process: {seconds['job']:.2f} s, "
         f"of which importing relay_tasks.cli {seconds['import']:.2f} s"
+    )
+
+
+def _whole_process_of_a_file(cache: Path) -> str:
+    """``relay-tasks extract FILE.pt`` as a user runs it on a traced model, against what it
+    cannot avoid: importing torch, and the library's extraction of the converted module."""
+    from models import traced_file
+
+    path, shapes = traced_file("llama-decoder", cache)
+    cmd = [sys.executable, "-m", "relay_tasks.cli", "extract", str(path), "--input-shapes", shapes]
+    started = time.perf_counter()
+    done = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    whole = time.perf_counter() - started
+    torch = _wall([sys.executable, "-c", "import torch"])
+    line = done.stderr.strip().splitlines()[-1]
+    return (
+        f"relay-tasks extract {path.name}, whole process: {whole:.2f} s ({line}); "
+        f"import torch alone: {torch:.2f} s"
     )
 
 
@@ -238,9 +307,14 @@ def _row(tuner: str, model: str, tname: str, repeat: int, shapes: str) -> str:
     rss_up = max(r["rss_mib"] for r in up)
     rss_ours = max(r["rss_mib"] for r in ours)
     counts = f"{len(up[0]['rows'])}/{len(ours[0]['rows'])}"
+    builds = "/".join(
+        f"{side[0]['builds']} ({statistics.median(r['build_seconds'] for r in side):.2f})"
+        for side in (up, ours)
+    )
     return (
         f"{t_up:>11.2f}{t_ours:>9.2f}{t_up / t_ours:>7.1f}x"
         f"{counts:>15}{'yes' if equal else 'NO':>7}{f'{rss_up:.0f}/{rss_ours:.0f}':>17}"
+        f"{builds:>24}"
     )
 
 

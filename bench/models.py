@@ -3,7 +3,9 @@
 Classes: CNNs (``tvm.relay.testing``), transformers from PyTorch (a BERT-base encoder at several
 depths, a GPT-2 decoder, built from Hugging Face configs with seeded random weights), graphs from
 ``torch.onnx.export`` (a ResNet-50 and a BERT encoder), an ONNX graph whose weights are computed
-in-graph from ``ConstantOfShape``, and small models (a handful of ops; a single operator).
+in-graph from ``ConstantOfShape``, small models (a handful of ops; a single operator), and
+families traced to TorchScript files and loaded from them as ``relay-tasks extract FILE.pt``
+does (a T5 encoder, a Llama decoder, a Swin transformer, DeepLabV3, ConvNeXt, EfficientNet).
 
 Frontends run once per model, in the parent process; each measured process then loads the same
 cached module, so both sides extract from the identical module and neither pays for torch.
@@ -158,6 +160,118 @@ def _single_op() -> Any:
     return tvm.IRModule.from_expr(relay.Function([x, w], out)), {"w": tvm.nd.array(weights)}
 
 
+IMAGE = (1, 3, 224, 224)
+
+
+def _t5() -> tuple[Any, Any]:
+    """A T5-small encoder: relative position buckets (log, abs, minimum, where, casts)."""
+    import transformers
+
+    config = transformers.T5Config(num_layers=6, d_model=512, num_heads=8, torchscript=True)
+    return transformers.T5EncoderModel(config), _tokens()
+
+
+def _llama() -> tuple[Any, Any]:
+    """A 4-layer Llama decoder: rotary tables (cos, sin), a causal mask (trilu)."""
+    import transformers
+
+    config = transformers.LlamaConfig(
+        num_hidden_layers=4, hidden_size=512, intermediate_size=1376, num_attention_heads=8,
+        num_key_value_heads=8, vocab_size=32000, torchscript=True,
+    )  # fmt: skip
+    return transformers.LlamaModel(config), _tokens()
+
+
+def _swin() -> tuple[Any, Any]:
+    """A Swin-T vision transformer: shifted windows, relative position bias tables."""
+    import transformers
+
+    return transformers.SwinModel(transformers.SwinConfig(torchscript=True)), _image()
+
+
+def _torchvision(name: str, **kwargs: Any) -> Callable[[], tuple[Any, Any]]:
+    def build() -> tuple[Any, Any]:
+        import torchvision
+
+        return getattr(torchvision.models, name)(weights=None, **kwargs), _image()
+
+    return build
+
+
+def _deeplab() -> tuple[Any, Any]:
+    """DeepLabV3 (ResNet-50): atrous convolutions, atrous pyramid pooling, upsampling."""
+    import torchvision
+
+    model = torchvision.models.segmentation.deeplabv3_resnet50(
+        weights=None, weights_backbone=None, aux_loss=False
+    )
+    return model, _image()
+
+
+def _image() -> Any:
+    import torch
+
+    return torch.randn(IMAGE)
+
+
+#: Families traced to TorchScript and loaded from the file: name -> (builder, input shapes).
+TRACED: dict[str, tuple[Callable[[], tuple[Any, Any]], str]] = {
+    "t5-encoder": (_t5, "input0:[1,128]:int64"),
+    "llama-decoder": (_llama, "input0:[1,128]:int64"),
+    "swin-tiny": (_swin, "input0:[1,3,224,224]"),
+    "deeplabv3": (_deeplab, "input0:[1,3,224,224]"),
+    "convnext-tiny": (_torchvision("convnext_tiny"), "input0:[1,3,224,224]"),
+    "efficientnet-b0": (_torchvision("efficientnet_b0"), "input0:[1,3,224,224]"),
+}
+
+
+def traced_file(name: str, folder: Path) -> tuple[Path, str]:
+    """The family's TorchScript file (traced now if missing, seeded) and its input shapes."""
+    import torch
+
+    build, shapes = TRACED[name]
+    path = folder / f"{name}-{_digest()}.pt"
+    if not path.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        torch.manual_seed(0)
+        module, example = build()
+        with torch.no_grad():
+            traced = torch.jit.trace(_first_output(module.eval()), example, strict=False)
+        traced.save(str(path))
+    return path, shapes
+
+
+def _first_output(module: Any) -> Any:
+    """``module`` returning one tensor, which tracing needs (a segmentation model returns a
+    dict, Hugging Face models tuples)."""
+    import torch
+
+    class FirstOutput(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = module
+
+        def forward(self, x: Any) -> Any:
+            out = self.inner(x)
+            if isinstance(out, dict):
+                out = out["out"]
+            return out[0] if isinstance(out, (tuple, list)) else out
+
+    return FirstOutput()
+
+
+def _from_file(name: str) -> Callable[[Path], Any]:
+    def build(folder: Path) -> Any:
+        from relay_tasks import load_model
+        from relay_tasks.loaders import parse_shapes
+
+        path, shapes = traced_file(name, folder)
+        given, dtypes = parse_shapes(shapes)
+        return load_model(path, shapes=given, dtypes=dtypes)
+
+    return build
+
+
 #: Bench name -> (class, builder).
 BENCH_MODELS: dict[str, tuple[str, Callable[[], Any]]] = {
     "bert-base": ("transformer (PyTorch)", _bert(12)),
@@ -167,6 +281,7 @@ BENCH_MODELS: dict[str, tuple[str, Callable[[], Any]]] = {
     "constant-of-shape": ("frontend graph (ONNX)", _constant_of_shape),
     "small": ("small model", _small),
     "single-op": ("small model", _single_op),
+    **{name: ("traced (PyTorch file)", _from_file(name)) for name in TRACED},
     **{f"bert-base-L{n}": ("depth sweep", _bert(n)) for n in SWEEP_DEPTHS if n != 12},
 }
 
@@ -179,15 +294,18 @@ def cached(name: str, folder: Path) -> Path:
     from tvm import relay
 
     _, build = BENCH_MODELS[name]
-    digest = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12]
-    path = folder / f"{name}-{digest}.json"
+    path = folder / f"{name}-{_digest()}.json"
     if not path.exists():
         folder.mkdir(parents=True, exist_ok=True)
-        mod, params = build()
+        mod, params = build(folder) if name in TRACED else build()
         params_path = path.with_suffix(".params")
         params_path.write_bytes(relay.save_param_dict(dict(params)))
         path.write_text(tvm.ir.save_json(mod))
     return path
+
+
+def _digest() -> str:
+    return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12]
 
 
 def load_cached(path: Path) -> tuple[Any, dict[str, Any]]:

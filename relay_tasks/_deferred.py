@@ -16,8 +16,10 @@ first; tests/test_deferred.py checks that the tasks do not change when they run 
 
 from __future__ import annotations
 
+import importlib
 import importlib.abc
 import importlib.machinery
+import importlib.util
 import sys
 from collections.abc import Sequence
 from importlib.machinery import ModuleSpec
@@ -44,6 +46,12 @@ class _RunOnFirstRead(importlib.abc.Loader):
 
     def exec_module(self, module: ModuleType) -> None:
         def run_then_read(name: str) -> Any:
+            # A submodule read as a name (``from . import qnn_torch`` inside the PyTorch
+            # frontend) is imported alone, so that one frontend can be imported without the
+            # others (hhb's TFLite frontend and its quantizer: a second of a PyTorch load).
+            submodule = f"{module.__name__}.{name}"
+            if not name.startswith("_") and importlib.util.find_spec(submodule) is not None:
+                return importlib.import_module(submodule)
             del module.__dict__["__getattr__"]
             self._loader.exec_module(module)
             return getattr(module, name)

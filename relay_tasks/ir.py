@@ -197,6 +197,13 @@ _ARRAY_SIZE = tvm.runtime._ffi_api.ArraySize
 _ARRAY_ITEM = tvm.runtime._ffi_api.ArrayGetItem
 
 
+def raw_data(const: relay.Constant) -> tvm.nd.NDArray:
+    """A constant's NDArray, read without filling it (a deferred fold result's buffer is
+    filled only on reads through ``data``; see :mod:`relay_tasks.optimize.placeholders`)."""
+    data: tvm.nd.NDArray = Object.__getattr__(const, "data")
+    return data
+
+
 def items(array: Any) -> list[Any]:
     """A TVM ``Array``'s elements, one FFI call each and one for the size: iterating the Array
     itself asks for its size again before every element (a third of reading a call)."""

@@ -239,11 +239,15 @@ def constant(value: np.ndarray) -> relay.Constant:
     return relay.Constant(tvm.nd.array(np.asarray(value)))
 
 
-def fold_both(func: relay.Function) -> tuple[tvm.IRModule, tvm.IRModule]:
-    """Our fold as the pipeline runs it (deferral allowed, placeholders tracked), TVM's."""
+def fold_both(func: relay.Function, *, read: bool = True) -> tuple[tvm.IRModule, tvm.IRModule]:
+    """Our fold as the pipeline runs it (deferral allowed, placeholders tracked), with every
+    deferred value then computed as reading it would (unless not ``read``), and TVM's."""
     from relay_tasks.optimize.fold import FoldConstant
-    from relay_tasks.optimize.placeholders import deferred_placeholders
+    from relay_tasks.optimize.placeholders import deferred_placeholders, fill_all
 
     mod = relay.transform.InferType()(tvm.IRModule.from_expr(func))
     with tvm.transform.PassContext(opt_level=3), deferred_placeholders():
-        return FoldConstant()(mod), relay.transform.FoldConstant()(mod)
+        ours = FoldConstant()(mod)
+        if read:
+            fill_all()
+        return ours, relay.transform.FoldConstant()(mod)

@@ -71,6 +71,29 @@ def _vit() -> Any:
     return transformers.ViTModel(config), _image()
 
 
+def _t5() -> Any:
+    """Relative position buckets (``log``, ``abs``, ``minimum``, ``where``, float-int casts):
+    constant subgraphs TVM's fold compiles call by call."""
+    import transformers
+
+    config = transformers.T5Config(
+        num_layers=2, d_model=128, d_kv=32, d_ff=256, num_heads=4, vocab_size=1000,
+        torchscript=True,
+    )  # fmt: skip
+    return transformers.T5EncoderModel(config), _tokens()
+
+
+def _llama() -> Any:
+    """Rotary tables (``cos``, ``sin``, a product of constants) and a causal mask (``trilu``)."""
+    import transformers
+
+    config = transformers.LlamaConfig(
+        num_hidden_layers=2, hidden_size=128, intermediate_size=256, num_attention_heads=4,
+        num_key_value_heads=4, vocab_size=1000, torchscript=True,
+    )  # fmt: skip
+    return transformers.LlamaModel(config), _tokens()
+
+
 #: PyTorch modules (and their example inputs): name -> (builder, pytest marks).
 TORCH_MODELS: dict[str, tuple[Callable[[], Any], tuple[Any, ...]]] = {
     "torchvision-resnet18": (_torchvision("resnet18"), ()),
@@ -79,6 +102,8 @@ TORCH_MODELS: dict[str, tuple[Callable[[], Any], tuple[Any, ...]]] = {
     "bert-2-layers": (_bert, ()),
     "gpt2-2-layers": (_gpt2, ()),
     "vit-small": (_vit, ()),
+    "t5-2-layers": (_t5, (pytest.mark.slow,)),
+    "llama-2-layers": (_llama, (pytest.mark.slow,)),
 }
 #: The torchvision models again, exported with torch.onnx.export and loaded as ONNX files.
 ONNX_EXPORTS = {
@@ -92,6 +117,8 @@ MUST_SHOW = {
     "bert-2-layers": ("batch_matmul", "softmax", "take"),
     "gpt2-2-layers": ("batch_matmul", "softmax", "tanh"),
     "vit-small": ("conv2d", "batch_matmul", "softmax"),
+    "t5-2-layers": ("batch_matmul", "softmax", "take"),
+    "llama-2-layers": ("batch_matmul", "softmax", "sigmoid"),
 }
 
 

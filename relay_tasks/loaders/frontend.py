@@ -3,7 +3,9 @@ conversion by one of TVM's frontends."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -12,7 +14,7 @@ import tvm
 from tvm.ir import IRModule
 
 from ..errors import DependencyError, ModelError
-from ..ir import diagnostic_text, diagnostics
+from ..ir import diagnostic_text, diagnostics, patched
 
 Params = dict[str, tvm.nd.NDArray]
 Shapes = Mapping[str, Sequence[int]]
@@ -43,7 +45,7 @@ def convert(
     Frontends type-check what they build; where that fails, TVM reports through diagnostics and
     raises a generic "error diagnostics were emitted", so the diagnostics are what is shown.
     """
-    with diagnostics() as messages:
+    with diagnostics() as messages, relax_left_unimported():
         try:
             mod, params = run()
         except (tvm.error.OpNotImplemented, NotImplementedError) as err:
@@ -57,6 +59,20 @@ def convert(
                 f"{failed_hint}"
             ) from err
     return mod, dict(params.items())
+
+
+def relax_left_unimported() -> contextlib.AbstractContextManager[None]:
+    """Calling a ``GlobalVar`` asks whether its arguments are Relax expressions, and asking
+    imports ``tvm.relax``, whose TIR intrinsics are parsed from TVMScript on import: 4.5 s of
+    a PyTorch conversion (the frontend's Prelude calls global functions 261 times). No Relax
+    expression can exist in a process that never imported Relax, so the answer is "no" then
+    without the import."""
+    ask = tvm.ir.expr.is_relax_expr
+
+    def is_relax_expr(expr: Any) -> bool:
+        return "tvm.relax" in sys.modules and bool(ask(expr))
+
+    return patched(tvm.ir.expr, "is_relax_expr", is_relax_expr)
 
 
 def unknown_inputs(source: str | Path, given: Sequence[str], names: Sequence[str]) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import importlib
 import inspect
 import re
 import zipfile
@@ -17,10 +18,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tvm import relay
+import tvm
 from tvm.ir import IRModule
 
 from ..errors import ModelError, describe_failure
+from ..ir import patched
 from .frontend import DTypes, Params, Shapes, convert, require
 
 #: How to get a model from any torch version in: the frontend-neutral exchange format.
@@ -150,9 +152,13 @@ def _converts(op: str) -> bool:
 @functools.cache
 def _converted_ops() -> frozenset[str]:
     """The operators TVM's PyTorch frontend has a converter for (``aten::conv2d``, ...)."""
-    from tvm.relay import frontend  # the package first: it imports its modules in its order
+    return frozenset(_frontend().PyTorchOpConverter(None, "float32").convert_map)
 
-    return frozenset(frontend.pytorch.PyTorchOpConverter(None, "float32").convert_map)
+
+def _frontend() -> Any:
+    """TVM's PyTorch frontend module alone (see relay_tasks._deferred: the other frontends,
+    hhb's TFLite one with its quantizer first, are not imported with it)."""
+    return importlib.import_module("tvm.relay.frontend.pytorch")
 
 
 _NEWER_FORMAT = re.compile(r"version (\d+), but the maximum supported version for reading is (\d+)")
@@ -244,13 +250,43 @@ def convert_script_module(
         (name, (list(shape), (dtypes or {}).get(name, "float32"))) for name, shape in shapes.items()
     ]
     given = " ".join(f"{name}:{list(shape)}" for name, shape in shapes.items())
-    return convert(
-        source,
-        "PyTorch",
-        lambda: relay.frontend.from_pytorch(script, infos),
-        unsupported_hint=f"; replace the op, or {ONNX_WAY_IN}",
-        failed_hint=f" (input shapes given: {given}; check them and their dtypes)",
+    frontend = _frontend()
+    with _without_spans(), patched(frontend, "is_version_greater_than", _torch_newer_than):
+        return convert(
+            source,
+            "PyTorch",
+            lambda: frontend.from_pytorch(script, infos),
+            unsupported_hint=f"; replace the op, or {ONNX_WAY_IN}",
+            failed_hint=f" (input shapes given: {given}; check them and their dtypes)",
+        )
+
+
+def _without_spans() -> tvm.transform.PassContext:
+    """The current pass context without the frontend's span filling, TVM's own switch for it.
+
+    The frontend walks each converted op's expression again to tag it with its source line
+    (0.6 s of a 2-layer Llama's conversion). Spans are text for error messages: no pass and no
+    task reads them, and ``structural_equal`` ignores them.
+    """
+    current = tvm.transform.PassContext.current()
+    return tvm.transform.PassContext(
+        opt_level=current.opt_level,
+        required_pass=list(current.required_pass),
+        disabled_pass=list(current.disabled_pass),
+        config={**dict(current.config.items()), "relay.frontend.fill_span": False},
     )
+
+
+def _torch_newer_than(version: str) -> bool:
+    """The frontend's ``is_version_greater_than``, without its ``distutils`` import (which brings
+    setuptools in: 0.35 s): release numbers compared as numbers, a local suffix dropped."""
+    import torch
+
+    def numbers(text: str) -> tuple[int, ...]:
+        release = re.match(r"[\d.]*\d", text.split("+")[0])
+        return tuple(int(part) for part in release.group().split(".")) if release else ()
+
+    return numbers(str(torch.__version__)) > numbers(version)
 
 
 def _input_names(script: Any) -> list[str]:

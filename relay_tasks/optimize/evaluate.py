@@ -206,10 +206,24 @@ def _exact_cast(x: Array, dtype: str) -> Array | None:
     """
     src = str(x.dtype)
     if (src, dtype) in _EXACT_CASTS:
-        return x.astype(dtype)
+        with np.errstate(over="ignore"):  # beyond the narrower float: infinity, as in LLVM
+            return x.astype(dtype)
     if src in _INTEGERS and (dtype in _INTEGERS or dtype in ("float32", "float64")):
         return x.astype(dtype)
+    if src in ("float32", "float64") and dtype in _INTEGERS and _truncates_into(x, dtype):
+        return x.astype(dtype)
     return None
+
+
+def _truncates_into(x: Array, dtype: str) -> bool:
+    """Whether every element of ``x`` truncates toward zero to a value of ``dtype``: there
+    LLVM's conversion (fptosi, fptoui) and numpy's agree; outside, LLVM's has no defined value."""
+    if not x.size:
+        return True
+    info = np.iinfo(dtype)
+    with np.errstate(invalid="ignore"):
+        low, high = np.trunc(x.min()), np.trunc(x.max())
+    return bool(np.isfinite(low) and np.isfinite(high) and info.min <= low and high <= info.max)
 
 
 _INTEGERS = frozenset({"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"})
@@ -288,6 +302,47 @@ def _take(attrs: Any, args: Sequence[Array]) -> Array | None:
     return np.take(data, indices, axis=axis, mode="clip")
 
 
+def _full_like(attrs: Any, args: Sequence[Array]) -> Array | None:
+    """TOPI's ``full_like``: the fill value cast to the data's dtype, in the data's shape."""
+    data, fill = args
+    value = _exact_cast(fill, str(data.dtype)) if fill.ndim == 0 else None
+    if value is None:
+        return None
+    return np.full(data.shape, value, dtype=value.dtype)
+
+
+def _trilu(attrs: Any, args: Sequence[Array]) -> Array | None:
+    """TOPI's ``trilu``: the elements on and above (``upper``) or below diagonal ``k`` kept,
+    the others zero; numpy's ``triu``/``tril`` select the same ones."""
+    data, k = args
+    if data.ndim < 2 or k.ndim != 0 or k.dtype.kind not in "iu":
+        return None
+    keep = np.triu if bool(attrs.upper) else np.tril
+    return keep(data, int(k))
+
+
+def _abs(attrs: Any, args: Sequence[Array]) -> Array | None:
+    """Floats: the sign bit cleared, as LLVM's fabs does. Integers: TIR's select(x >= 0, x, -x)
+    where no element is the most negative value (whose negation has no defined value)."""
+    (x,) = args
+    if str(x.dtype) in _INT_DTYPES and (not x.size or x.min() > np.iinfo(x.dtype).min):
+        return np.abs(x)
+    return _elementwise(np.abs, attrs, args)
+
+
+def _select(pick_first: Callable[[Array, Array], Array]) -> Evaluator:
+    """``minimum`` or ``maximum``: LLVM's code for TIR's min is select(a < b, a, b) (max: >), so
+    of -0.0 and 0.0 the second operand; the same select here, for floats and integers."""
+
+    def evaluate(attrs: Any, args: Sequence[Array]) -> Array | None:
+        a, b = args
+        if b.dtype != a.dtype or str(a.dtype) not in _ARITH_DTYPES | _INT_DTYPES:
+            return None
+        return np.where(pick_first(a, b), a, b)
+
+    return evaluate
+
+
 def _where(attrs: Any, args: Sequence[Array]) -> Array:
     condition, x, y = args
     return np.where(condition != 0, x, y)
@@ -358,6 +413,9 @@ EVALUATORS: dict[str, Evaluator] = {
     "multiply": _arith(np.multiply),
     "divide": _arith(np.divide),
     "negative": _arith(_negative),
+    "abs": _abs,
+    "minimum": _select(np.less),
+    "maximum": _select(np.greater),
     "sqrt": _arith(np.sqrt),
     "rsqrt": _arith(_rsqrt),
     "expand_dims": _expand_dims,
@@ -373,6 +431,8 @@ EVALUATORS: dict[str, Evaluator] = {
     "take": _take,
     "arange": _arange,
     "where": _where,
+    "full_like": _full_like,
+    "trilu": _trilu,
     "less": _compare(np.less),
     "greater": _compare(np.greater),
     "less_equal": _compare(np.less_equal),
@@ -468,6 +528,7 @@ _MOVES = frozenset(
         "take",
         "concatenate",
         "layout_transform",
+        "trilu",
     }
 )
 

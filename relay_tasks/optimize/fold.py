@@ -22,16 +22,17 @@ import numpy as np
 import tvm
 from tvm import relay
 
-from ..ir import node_key, op_name, reads_of, rebuild, with_children, with_functions
+from ..ir import node_key, op_name, raw_data, reads_of, rebuild, with_children, with_functions
 from .evaluate import EVALUATORS, Array, as_ndarray, evaluate_call, known_type
+from .jit import constant_leaves, evaluated_by_tvm, static
 from .placeholders import (
     DEFER_MIN_ELEMENTS,
     Deferred,
     current,
+    deferred_placeholders,
     fill,
     fill_all,
     filled_data,
-    raw_data,
 )
 
 
@@ -50,7 +51,11 @@ def prefold_function(func: relay.Function, *, defer: bool = False) -> tuple[rela
 
 class _Prefolder:
     def __init__(self, defer: bool) -> None:
-        self.deferred = current() if defer else None
+        #: Where fold results wait to be computed (None outside an extraction or a fold's scope:
+        #: then every call numpy does not evaluate is left to TVM's pass).
+        self.deferred = current()
+        #: Whether large results numpy computes wait until read (see :func:`prefold_function`).
+        self.defer_large = defer and self.deferred is not None
         self.views: dict[int, Array] = {}
         #: Each constant made, with the type of the call it replaces (see :func:`typed_in_place`).
         self.made: list[tuple[relay.Constant, Any]] = []
@@ -101,41 +106,68 @@ class _Prefolder:
         call = original
         if not all(a.same_as(b) for a, b in zip(args, old_args, strict=True)):
             call = with_children(original, [op, *args])
-        operands = _constant_operands(args)
+        operands = constant_leaves(args)
         name = op_name(op)
         if operands is None:
             return call, name == "on_device"
-        if name not in EVALUATORS:
-            return call, True
         ttype = known_type(original, call)
-        if self.deferred is not None and _is_large(ttype):
-            return self._made(self._deferred_constant(self.deferred, call, operands, ttype), ttype)
-        values = [self.value_of(c) for c in operands]
-        result = evaluate_call(call, values, ttype)
-        if result is None:
+        deferred = self.deferred
+        awaiting = deferred is not None and any(deferred.needs_kernel(c) for c in operands)
+        if name in EVALUATORS and awaiting and _is_tensor(ttype):
+            # Computed when read, once its operands are: numpy never forces a build early.
+            const = self._deferred_constant(call, operands, ttype, needs_kernel=True)
+            return self._made(const, ttype)
+        if name in EVALUATORS and not awaiting:
+            if self.defer_large and _is_large(ttype):
+                return self._made(self._deferred_constant(call, operands, ttype), ttype)
+            values = [self.value_of(c) for c in operands]
+            result = evaluate_call(call, values, ttype)
+            if result is not None:
+                for const, value in zip(operands, values, strict=True):
+                    if _samebuffer_address(result, value):  # a reshape: the operand's bytes
+                        return self._made(
+                            relay.Constant(const.data._create_view(result.shape)), ttype
+                        )
+                return self._made(relay.Constant(as_ndarray(result)), ttype)
+        if deferred is None or not evaluated_by_tvm(op) or not _is_tensor(ttype):
             return call, True
-        for const, value in zip(operands, values, strict=True):
-            if _samebuffer_address(result, value):  # a reshape, say: the operand's bytes, reshaped
-                return self._made(relay.Constant(const.data._create_view(result.shape)), ttype)
-        return self._made(relay.Constant(as_ndarray(result)), ttype)
+        return self._made(self._kernel_result(deferred, call, operands, ttype), ttype)
 
     def _made(self, const: relay.Constant, ttype: Any) -> tuple[relay.Expr, bool]:
         self.made.append((const, ttype))
         return const, False
 
     def _deferred_constant(
+        self,
+        call: relay.Call,
+        operands: list[relay.Constant],
+        ttype: Any,
+        *,
+        needs_kernel: bool = False,
+    ) -> relay.Constant:
+        """A placeholder for what numpy computes when something reads it (TVM's kernel, where
+        numpy declines then: NaN inputs, say)."""
+        const = _placeholder(ttype)
+        deferred = self.deferred
+        assert deferred is not None
+
+        def compute() -> Array | tvm.nd.NDArray:
+            result = evaluate_call(call, [self.value_of(c) for c in operands], ttype)
+            if result is not None:
+                return result
+            return _kernel_value(deferred, deferred.kernels.add(call), operands)
+
+        deferred.add(const, compute, needs_kernel=needs_kernel)
+        return const
+
+    def _kernel_result(
         self, deferred: Deferred, call: relay.Call, operands: list[relay.Constant], ttype: Any
     ) -> relay.Constant:
-        shape = [int(d) for d in ttype.shape]
-        const = relay.Constant(tvm.nd.empty(shape, str(ttype.dtype)))
-
-        def compute() -> Array:
-            result = evaluate_call(call, [self.value_of(c) for c in operands], ttype)
-            if result is None:  # numpy declines (NaN, say): TVM computes it after all
-                result = _fold_with_tvm(call)
-            return result
-
-        deferred.add(const, compute)
+        """A placeholder for what TVM's kernel for ``call`` computes, built with every other
+        kernel of the extraction when a value is first read."""
+        const = _placeholder(ttype)
+        index = deferred.kernels.add(call)
+        deferred.add(const, lambda: _kernel_value(deferred, index, operands), needs_kernel=True)
         return const
 
     def value_of(self, const: relay.Constant) -> Array:
@@ -162,6 +194,19 @@ def _samebuffer_address(result: Array, operand: Array) -> bool:
     )
 
 
+def _placeholder(ttype: Any) -> relay.Constant:
+    return relay.Constant(tvm.nd.empty([int(d) for d in ttype.shape], str(ttype.dtype)))
+
+
+def _kernel_value(deferred: Deferred, index: int, operands: list[relay.Constant]) -> Any:
+    return deferred.kernels.run(index, [filled_data(c) for c in operands])
+
+
+def _is_tensor(ttype: Any) -> bool:
+    """A tensor of known shape: what a placeholder can stand for."""
+    return isinstance(ttype, relay.TensorType) and static(ttype)
+
+
 def _is_large(ttype: Any) -> bool:
     if not isinstance(ttype, relay.TensorType):
         return False
@@ -182,44 +227,18 @@ def array_view(data: tvm.nd.NDArray) -> Array:
 def folded_call(call: relay.Call) -> relay.Constant:
     """What TVM's ``FoldConstantExpr`` makes of ``call``, an op call on constants: its value
     computed here where an evaluator covers it, else by TVM (deferred operands are computed)."""
-    operands = _constant_operands(list(call.args))
+    operands = constant_leaves(list(call.args))
     if operands is not None:
         result = evaluate_call(call, [array_view(filled_data(c)) for c in operands])
         if result is not None:
             return relay.Constant(as_ndarray(result))
     for const in operands or ():
         fill(const)
-    return _folded_by_tvm(call)
-
-
-def _folded_by_tvm(call: relay.Call) -> relay.Constant:
     folded: relay.Constant = _FOLD_CONSTANT_EXPR(call, tvm.IRModule(), False)
     return folded
 
 
 _FOLD_CONSTANT_EXPR = tvm.get_global_func("relay._transform.FoldConstantExpr")
-
-
-def _fold_with_tvm(call: relay.Call) -> Array:
-    return np.asarray(_folded_by_tvm(call).data.numpy())
-
-
-def _constant_operands(args: Sequence[relay.Expr]) -> list[relay.Constant] | None:
-    """A call's arguments when all are constants (tuples of constants flattened; Relay's
-    types allow nested ones in no op this folder evaluates)."""
-    if not args:
-        return None
-    flat: list[relay.Constant] = []
-    pending = list(reversed(args))
-    while pending:
-        arg = pending.pop()
-        if isinstance(arg, relay.Tuple):
-            pending.extend(reversed(arg.fields))
-        elif isinstance(arg, relay.Constant):
-            flat.append(arg)
-        else:
-            return None
-    return flat
 
 
 _TYPE_DEPENDENT_OPS = frozenset({"shape_of", "vm.shape_of", "ndarray_size"})
@@ -249,9 +268,23 @@ def links_params(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> bool:
 
 
 def fold_module(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
-    """:class:`FoldConstant`'s work: every Relay function prefolded in numpy, then TVM's fold
-    where anything is left for it (after computing every deferred value: it may read any)."""
-    defer = not links_params(mod, ctx)
+    """:class:`FoldConstant`'s work: every Relay function prefolded, then TVM's fold where
+    anything is left for it (after computing every deferred value: it may read any).
+
+    Inside an extraction, results wait in its placeholders until something reads them. Outside
+    one, or when FuseOps will link constants into the fused functions (so that lowering reads
+    them all), the fold has a scope of its own and computes everything before it returns: its
+    kernels still built once.
+    """
+    if current() is not None and not links_params(mod, ctx):
+        return _fold_functions(mod, defer=True)
+    with deferred_placeholders():
+        folded = _fold_functions(mod, defer=False)
+        fill_all()
+        return folded
+
+
+def _fold_functions(mod: tvm.IRModule, *, defer: bool) -> tvm.IRModule:
     updates = {}
     left_for_tvm = False
     made: list[tuple[relay.Constant, Any]] = []

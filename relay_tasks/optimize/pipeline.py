@@ -39,7 +39,7 @@ from .gates import (
     ToBasicBlockNormalForm,
     op_gated,
 )
-from .placeholders import deferred_placeholders, fill_all, filled_on_read, refuse_placeholders
+from .placeholders import deferred_placeholders, fill_all, fill_inside_tasks, filled_on_read
 from .simplify import SimplifyExpr, SimplifyExprPostAlterOp
 
 
@@ -427,9 +427,9 @@ def optimize(
     """
     try:
         steps = [*pass_prefix(), relay.transform.FuseOps() if typed else FuseOps()]
-        with deferred_placeholders() as unfilled, memoized_layout_hooks(), reads_shared():
+        with deferred_placeholders(), memoized_layout_hooks(), reads_shared():
             fused = run_passes(steps, type_check(bind_params(mod, params)), typed=True)
-            refuse_placeholders(fused, unfilled)
+            fill_inside_tasks(fused)
         return fused
     except RelayTasksError:
         raise

@@ -10,17 +10,16 @@ may read constant values fills what it reads first.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from typing import Any
 
 import tvm
 from tvm import relay
-from tvm.runtime import Object
 
-from ..errors import ExtractionError
-from ..ir import is_primitive_task, patched
+from ..ir import is_primitive_task, patched, raw_data
 from .evaluate import Array
+from .jit import Kernels
 
 #: Inside the pipeline, fold results at least this large are not computed until something reads
 #: them.
@@ -30,17 +29,34 @@ DEFER_MIN_ELEMENTS = 4096
 class Deferred:
     """The deferred results of one extraction: each placeholder still unfilled, and how to
     compute it, by the address of its buffer (passes rebuild Constant nodes around the same
-    arrays; the placeholders are kept alive here, so no address is reused meanwhile)."""
+    arrays; the placeholders are kept alive here, so no address is reused meanwhile); and the
+    TVM kernels that compute some of them (:class:`~.jit.Kernels`), built once when first run.
+    """
 
     def __init__(self) -> None:
         self.unfilled: dict[int, relay.Constant] = {}
-        self.compute: dict[int, Callable[[], Array]] = {}
+        self.compute: dict[int, Callable[[], Array | tvm.nd.NDArray]] = {}
+        self.kernels = Kernels()
+        #: The placeholders whose value needs a kernel run (or, in turn, such a value).
+        self.awaiting: set[int] = set()
 
-    def add(self, const: relay.Constant, compute: Callable[[], Array]) -> None:
+    def add(
+        self,
+        const: relay.Constant,
+        compute: Callable[[], Array | tvm.nd.NDArray],
+        *,
+        needs_kernel: bool = False,
+    ) -> None:
         """``const`` is a placeholder whose value ``compute`` gives when it is first read."""
         key = buffer_address(raw_data(const))
         self.compute[key] = compute
         self.unfilled[key] = const
+        if needs_kernel:
+            self.awaiting.add(key)
+
+    def needs_kernel(self, const: relay.Constant) -> bool:
+        """Whether computing ``const`` would build kernels (until it is filled)."""
+        return buffer_address(raw_data(const)) in self.awaiting
 
 
 _DEFERRED: ContextVar[Deferred | None] = ContextVar("relay_tasks_deferred", default=None)
@@ -54,10 +70,10 @@ def current() -> Deferred | None:
 @contextlib.contextmanager
 def deferred_placeholders() -> Iterator[dict[int, relay.Constant]]:
     """Allow folds to defer large results while this is open; yields the placeholders still
-    unfilled, for :func:`refuse_placeholders` to check once the module is fused.
+    unfilled.
 
     Whoever runs passes in between must fill what they read: :func:`fill_all` before a pass
-    that may read constant values, :func:`fill_within` for the part of a graph a pass sees,
+    that may read constant values, :func:`fill` for each constant a pass reads,
     :func:`filled_on_read` around Python hooks.
     """
     deferred = Deferred()
@@ -66,12 +82,6 @@ def deferred_placeholders() -> Iterator[dict[int, relay.Constant]]:
         yield deferred.unfilled
     finally:
         _DEFERRED.reset(token)
-
-
-def raw_data(const: relay.Constant) -> tvm.nd.NDArray:
-    """A constant's NDArray, read without filling it (see :func:`filled_on_read`)."""
-    data: tvm.nd.NDArray = Object.__getattr__(const, "data")
-    return data
 
 
 def fill(const: relay.Constant) -> None:
@@ -85,6 +95,7 @@ def fill(const: relay.Constant) -> None:
     if compute is not None:
         data.copyfrom(compute())
         deferred.unfilled.pop(key, None)
+        deferred.awaiting.discard(key)
 
 
 def fill_all() -> None:
@@ -94,16 +105,6 @@ def fill_all() -> None:
         return
     for const in list(deferred.unfilled.values()):
         fill(const)
-
-
-def fill_within(mod: tvm.IRModule) -> tvm.IRModule:
-    """Compute the deferred values among ``mod``'s constants (what a pass given ``mod`` sees);
-    returns ``mod``."""
-    deferred = _DEFERRED.get()
-    if deferred is not None and deferred.compute:
-        for func in mod.functions.values():
-            relay.analysis.post_order_visit(func, _fill_if_constant)
-    return mod
 
 
 def _fill_if_constant(node: Any) -> None:
@@ -126,32 +127,22 @@ def filled_on_read() -> contextlib.AbstractContextManager[None]:
 _FILLED_DATA = property(filled_data)
 
 
-def refuse_placeholders(fused: tvm.IRModule, unfilled: Mapping[int, relay.Constant]) -> None:
-    """Fail loudly if a placeholder that was never filled sits inside a primitive function:
-    lowering would read its uninitialised buffer into the task (constants are linked into fused
-    functions only with ``link-params``, when nothing is deferred; this guards that rule)."""
-    if not unfilled:
+def fill_inside_tasks(fused: tvm.IRModule) -> None:
+    """Compute the placeholders that ``FuseOps`` put inside primitive functions: lowering reads
+    their values into the tasks. FuseOps keeps scalar constants inside the functions it fuses
+    (other constants become their arguments unless params are linked, when nothing is
+    deferred), and a scalar can be a kernel's result, awaiting its build."""
+    deferred = _DEFERRED.get()
+    if deferred is None or not deferred.compute:
         return
-    # By buffer, not by node: FuseOps rebuilds the Constant nodes around the same arrays.
-    buffers = {buffer_address(raw_data(const)) for const in unfilled.values()}
-    found: list[str] = []
 
     def visit(node: Any) -> None:
         if isinstance(node, relay.Function) and is_primitive_task(node):
-            inner: list[Any] = []
-            relay.analysis.post_order_visit(node.body, inner.append)
-            held = (buffer_address(n.data) for n in inner if isinstance(n, relay.Constant))
-            if any(address in buffers for address in held):
-                found.append(str(node.attrs["hash"]) if "hash" in node.attrs else "a function")
+            relay.analysis.post_order_visit(node.body, _fill_if_constant)
 
     for func in fused.functions.values():
         if isinstance(func, relay.Function):
             relay.analysis.post_order_visit(func, visit)
-    if found:
-        raise ExtractionError(
-            f"a constant whose value was deferred and never computed is inside {found[0]}; "
-            "relay-tasks would lower an uninitialised buffer (please report this model)"
-        )
 
 
 def buffer_address(data: tvm.nd.NDArray) -> int:

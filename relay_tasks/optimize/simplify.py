@@ -27,13 +27,14 @@ from ..ir import (
     call_parts,
     callee_name,
     node_key,
+    raw_data,
     reads_of,
     rebuild,
     stand_in,
     with_functions,
 )
 from .fold import array_view, folded_call
-from .placeholders import fill_within
+from .placeholders import fill
 from .region import run_on_region
 
 Check = Callable[[relay.Call], bool]
@@ -406,9 +407,43 @@ def _flags_near(
 
 
 def _filled(real: tvm.transform.Pass) -> Callable[[tvm.IRModule], tvm.IRModule]:
-    """``real`` on a cut whose deferred constants are computed first: TVM's rewrites fold
-    constant subexpressions (``c1 * c2``) with TVM's own evaluator, which reads them."""
-    return lambda cut: real(fill_within(cut))
+    """``real`` on a cut whose deferred constants it may read are computed first (see
+    :func:`fill_what_simplify_reads`)."""
+    return lambda cut: real(fill_what_simplify_reads(cut))
+
+
+#: (outer, inner) op pairs whose constants SimplifyExpr folds together with TVM's evaluator:
+#: ``(x * c1) * c2``, ``(x + c1) + c2``, ``(x + c1) * c2``; and the binomial rewrite reads the
+#: constant factors of ``a * (x * x)``.
+_FOLDED_TOGETHER = frozenset({("add", "add"), ("multiply", "multiply"), ("multiply", "add")})
+
+
+def fill_what_simplify_reads(mod: tvm.IRModule) -> tvm.IRModule:
+    """Compute the deferred constants of ``mod`` that TVM's SimplifyExpr rewrites read: every
+    constant of one element (the identity and binomial rewrites read scalars), and the
+    constants of the op pairs in :data:`_FOLDED_TOGETHER`; returns ``mod``.
+
+    Its other rewrites read types and attributes only. Filling nothing more matters where a
+    deferred value needs TVM's kernels (a T5's position buckets go through ``log``): a cut
+    holding ``scores + position_bias`` would otherwise build them to read nothing.
+    """
+
+    def visit(node: Any) -> None:
+        if isinstance(node, relay.Constant):
+            if all(int(d) == 1 for d in raw_data(node).shape):
+                fill(node)
+        elif isinstance(node, relay.Call) and callee_name(node.op) in ("add", "multiply"):
+            for arg in node.args:
+                inner = callee_name(arg.op) if isinstance(arg, relay.Call) else ""
+                if (callee_name(node.op), inner) in _FOLDED_TOGETHER:
+                    for operand in (*node.args, *arg.args):
+                        if isinstance(operand, relay.Constant):
+                            fill(operand)
+
+    for func in mod.functions.values():
+        if isinstance(func, relay.Function):
+            relay.analysis.post_order_visit(func, visit)
+    return mod
 
 
 def _own_rewrites(calls: list[relay.Call], screens: tuple[Screen, ...]) -> list[Any] | None:
@@ -542,7 +577,7 @@ def _screened(real: Callable[[], tvm.transform.Pass], screens: tuple[Screen, ...
         if not _any_flagged(flagged):
             return mod
         settled = simplify_locally(mod, real, screens, flagged)
-        return real()(fill_within(mod)) if settled is None else settled
+        return real()(fill_what_simplify_reads(mod)) if settled is None else settled
 
     return stand_in(real(), screened)
 

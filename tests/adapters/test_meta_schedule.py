@@ -222,22 +222,6 @@ def test_executor_argument_is_upstreams(own: str | None) -> None:
     assert (len(actual) == len(plain)) == bool(own)
 
 
-def test_a_deferred_constant_inside_a_task_fails_loudly() -> None:
-    """The last fold may leave a large constant uncomputed; if one ever reached a primitive
-    function, lowering would read an uninitialised buffer: extraction must refuse instead."""
-    from relay_tasks.errors import ExtractionError
-    from relay_tasks.optimize.placeholders import refuse_placeholders
-
-    placeholder = relay.Constant(tvm.nd.empty((64, 64), "float32"))
-    x = relay.var("x", shape=(64, 64))
-    fused = relay.Function([x], relay.add(x, placeholder)).with_attr("Primitive", 1)
-    y = relay.var("y", shape=(64, 64))
-    mod = tvm.IRModule.from_expr(relay.Function([y], relay.Call(fused, [y])))
-    refuse_placeholders(mod, {})  # nothing deferred: nothing to refuse
-    with pytest.raises(ExtractionError, match="deferred and never computed"):
-        refuse_placeholders(mod, {placeholder.handle.value: placeholder})
-
-
 def test_measurements_are_read_from_metaschedules_own_database(tmp_path) -> None:
     """A database written through MetaSchedule's own API, in commit order: a valid record is its
     mean run time; a failure (no run time, or MetaSchedule's 1e10 s mark) takes the next cause

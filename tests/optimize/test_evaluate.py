@@ -75,7 +75,7 @@ def test_divide_is_a_division_to_the_last_bit(dtype: str) -> None:
     assert _check(relay.divide(constant(a), constant(b)), [a, b]) is not None
 
 
-@pytest.mark.parametrize("op", ["add", "subtract", "multiply", "divide"])
+@pytest.mark.parametrize("op", ["add", "subtract", "multiply", "divide", "minimum", "maximum"])
 @FOLD
 @given(
     dtype=st.sampled_from(["float32", "float64"]),
@@ -90,7 +90,7 @@ def test_binary_arithmetic_is_bit_exact(op, dtype, shape_pair, data) -> None:
     assert _check(call, [a, b]) is not None
 
 
-@pytest.mark.parametrize("op", ["negative", "sqrt", "rsqrt"])  # each op its own budget
+@pytest.mark.parametrize("op", ["negative", "sqrt", "rsqrt", "abs"])  # each op its own budget
 @FOLD
 @given(dtype=st.sampled_from(["float32", "float64"]), shape=shapes, data=st.data())
 def test_unary_arithmetic_is_bit_exact(op, dtype, shape, data) -> None:
@@ -152,6 +152,32 @@ def test_integer_sums_are_exact_or_left_to_tvm(op, dtype, shape_pair, data) -> N
         assert np.array_equal(ours, exact.astype(dtype))
 
 
+@pytest.mark.parametrize("op", ["minimum", "maximum", "abs"])
+@FOLD
+@given(
+    dtype=st.sampled_from(["int32", "int64"]),
+    shape_pair=hnp.mutually_broadcastable_shapes(num_shapes=2, max_dims=3, max_side=4),
+    data=st.data(),
+)
+def test_integer_selects_are_exact_and_abs_of_the_least_value_is_left_to_tvm(
+    op, dtype, shape_pair, data
+) -> None:
+    """TIR's min and max select an operand; integer abs negates, and the negation of the most
+    negative value has no defined result in LLVM's code: that one goes to TVM."""
+    a_shape, b_shape = shape_pair.input_shapes
+    a, b = data.draw(_integers(dtype, a_shape)), data.draw(_integers(dtype, b_shape))
+    if op == "abs":
+        call, args = relay.abs(constant(a)), [a]
+        undefined = bool(a.size) and a.min() == np.iinfo(dtype).min
+    else:
+        call, args = getattr(relay, op)(constant(a), constant(b)), [a, b]
+        undefined = False
+    ours = evaluate_call(call, args, relay.transform.InferTypeLocal(call))
+    assert (ours is None) == undefined
+    if ours is not None:
+        _assert_same_bits(ours, _tvm_value(call))
+
+
 def _nans(dtype: str, shape: tuple[int, ...]) -> np.ndarray:
     """Values with NaNs of several bit patterns: quiet and signalling, either sign, payloads."""
     width = {"float16": np.uint16, "float32": np.uint32, "float64": np.uint64}[dtype]
@@ -182,6 +208,7 @@ def _moves(x: np.ndarray) -> dict[str, tuple[relay.Call, list[np.ndarray]]]:
         "take": (relay.take(c, constant(indices), axis=2), [x, indices]),
         "concatenate": (relay.concatenate([c, c], 0), [x, x]),
         "layout_transform": (relay.layout_transform(c, "CHW", "CHW2c"), [x]),
+        "trilu": (relay.trilu(c, constant(np.int32(1)), upper=False), [x, np.int32(1)]),
     }
 
 
@@ -266,6 +293,26 @@ def test_float_casts(src, dst, data) -> None:
     x = data.draw(hnp.arrays(src, (3, 4), elements=st.floats(-65504, 65504, width=16)))
     ours = _check(relay.cast(constant(x), dst), [x])
     assert (ours is None) == ((src, dst) == ("float64", "float16"))
+
+
+@FOLD
+@given(
+    src=st.sampled_from(["float32", "float64"]),
+    dst=st.sampled_from(["int8", "int32", "int64", "uint8"]),
+    data=st.data(),
+)
+def test_float_to_integer_casts_truncate_where_defined(src, dst, data) -> None:
+    """In range, a float truncates toward zero in LLVM as in numpy; a value outside the
+    integer's range (or infinite) has no defined conversion, and the call goes to TVM."""
+    info = np.iinfo(dst)
+    edges = st.sampled_from([info.min - 1.0, info.min - 0.5, info.max + 0.5, info.max + 1.0])
+    inside = st.floats(float(info.min), float(info.max))
+    elements = st.one_of(inside, edges, st.just(np.inf), st.just(-np.inf))
+    x = data.draw(hnp.arrays("float64", (3, 4), elements=elements)).astype(src)
+    ours = _check(relay.cast(constant(x), dst), [x])
+    truncated = np.trunc(x.astype("float64"))
+    defined = bool(np.all(np.isfinite(x) & (truncated >= info.min) & (truncated <= info.max)))
+    assert (ours is not None) == defined
 
 
 @pytest.mark.parametrize(
@@ -372,9 +419,32 @@ def test_broadcast_to(data, shapes) -> None:
 def test_full(fill, dtype, shape) -> None:
     value = np.asarray(fill)
     call = relay.full(constant(value), shape, dtype or "")
-    ours = _check(call, [value])
-    # A fill reaching its dtype through a float-to-integer conversion is TVM's to do.
-    assert (ours is None) == (value.dtype.kind == "f" and dtype in ("int32", "int64"))
+    assert _check(call, [value]) is not None  # every fill here converts exactly
+
+
+@FOLD
+@given(
+    fill=st.sampled_from([np.float32(1.5), np.float32(-0.0), np.int64(-7), np.float64(1e300)]),
+    data=st.sampled_from([np.zeros((2, 3), "float32"), np.ones((4,), "int64"), np.float64(2)]),
+)
+def test_full_like(fill, data) -> None:
+    """The fill converted to the data's dtype, in its shape; 1e300 has no int64 value: TVM's."""
+    value = np.asarray(fill)
+    ours = _check(relay.full_like(constant(data), constant(value)), [np.asarray(data), value])
+    assert (ours is None) == (value.dtype.kind == "f" and np.asarray(data).dtype.kind == "i"
+                              and abs(float(value)) > 2**63)  # fmt: skip
+
+
+@FOLD
+@given(
+    x=_floats("float32", (2, 3, 5)),
+    k=st.integers(-6, 6),
+    upper=st.booleans(),
+    k_dtype=st.sampled_from(["int32", "int64"]),
+)
+def test_trilu(x, k, upper, k_dtype) -> None:
+    offset = np.asarray(k, k_dtype)
+    assert _check(relay.trilu(constant(x), constant(offset), upper), [x, offset]) is not None
 
 
 @FOLD
@@ -518,7 +588,7 @@ def test_arange_is_folded_only_where_exact(dtype: str, start, step, length: int)
     ("value", "dtype", "exact"),
     [
         (np.float32(1e10), "int32", False),  # float to integer: overflow is the target's
-        (np.float64(2.5), "int64", False),
+        (np.float64(2.5), "int64", True),  # in range: truncated toward zero by both
         (np.int32(-3), "float32", True),  # integers round to nearest, as sitofp does
         (np.uint8(200), "float64", True),
         (np.int64(2**40 + 1), "int8", True),  # integers wrap, as trunc does
@@ -587,6 +657,11 @@ def test_every_evaluator_is_exercised_here() -> None:
         "repeat",
         "take",
         "where",
+        "full_like",
+        "trilu",
+        "abs",
+        "minimum",
+        "maximum",
         "arange",
         "less",
         "greater",

@@ -308,7 +308,7 @@ def test_a_pass_that_fails_is_one_extraction_error_naming_target_and_cause() -> 
     from tvm.relay.op import op as _op
     from tvm.relay.testing.temp_op_attr import TempOpAttr
 
-    from relay_tasks import ExtractionError, extract_tasks
+    from relay_tasks import extract_tasks
 
     def strategy(attrs, inputs, out_type, target):
         def compute(attrs, inputs, out_type):
@@ -368,7 +368,6 @@ def test_a_module_changed_in_place_is_not_still_typed() -> None:
 
 
 def test_a_required_pass_that_cannot_be_made_is_named() -> None:
-    from relay_tasks import ExtractionError
     from relay_tasks.optimize.pipeline import _named_pass
 
     assert _named_pass("InferType").info.name == "InferType"
@@ -515,17 +514,25 @@ def test_fusion_leaves_the_module_untyped_unless_instruments_watch_or_types_are_
         assert_typed_alike(watched, theirs)
 
 
-def test_a_deferred_constant_inside_a_fused_function_stops_the_extraction(monkeypatch) -> None:
-    """The guard behind deferral: were the rule "no deferral when FuseOps links params" ever
-    broken, lowering would read an uninitialised buffer; the extraction fails instead."""
+def test_deferred_constants_inside_fused_functions_are_computed_before_lowering(
+    monkeypatch,
+) -> None:
+    """FuseOps keeps scalars inside the functions it fuses (and every constant, were the rule
+    "no deferral when FuseOps links params" ever broken): lowering reads them, so they are
+    computed once the module is fused, and it equals upstream's, constant values included."""
     from relay_tasks.optimize import fold
 
     monkeypatch.setattr(fold, "links_params", lambda mod, ctx: False)  # the rule, broken
     mod, params = load("conv_bias_bn_relu")
     config = {**DEFAULT_PASS_CONFIG, "relay.FuseOps.link_params": True}
-    scope = extraction_scope(tvm.target.Target(X86), PassSettings(config=config))
-    with scope, pytest.raises(ExtractionError, match="deferred and never computed is inside"):
-        optimize(as_module(mod), params)
+    with extraction_scope(tvm.target.Target(X86), PassSettings(config=config)):
+        ours = optimize(as_module(mod), params)
+    bound = relay.build_module.bind_params_by_name(mod["main"], params)
+    prefix = tvm.get_global_func("relay.backend.GetPassPrefixSeq")(True, True)
+    with tvm.target.Target(X86), tvm.transform.PassContext(3, config=config):
+        passes = tvm.transform.Sequential([prefix, relay.transform.FuseOps()])
+        theirs = passes(tvm.IRModule.from_expr(bound))
+    assert tvm.ir.structural_equal(ours["main"], theirs["main"])
 
 
 def test_a_pass_not_known_to_leave_constants_unread_gets_them_computed() -> None:

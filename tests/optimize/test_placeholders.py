@@ -35,13 +35,13 @@ def test_deferred_results_that_nothing_reads_are_never_computed(monkeypatch) -> 
     w = np.random.default_rng(3).standard_normal((64, 128)).astype("float32")
     x = relay.var("x", shape=(128, 64))
     func = relay.Function([x], relay.add(x, relay.reshape(relay.const(w), (128, 64))))
-    ours, theirs = fold_both(func)
+    ours, theirs = fold_both(func, read=False)
     folded, upstream = ours["main"].body.args[1], theirs["main"].body.args[1]
     assert isinstance(folded, relay.Constant)
     assert folded.data.shape == upstream.data.shape and folded.data.dtype == upstream.data.dtype
     assert calls == []  # the fold left the value of a fused function's argument alone
     small = relay.Function([x], relay.add(x, relay.reshape(relay.const(w[:1, :64]), (64,))))
-    fold_both(small)
+    fold_both(small, read=False)
     assert calls == ["r"]  # small results are computed as usual
     # Outside the pipeline's guard nothing is deferred: a lone FoldConstant computes it all.
     mod = relay.transform.InferType()(tvm.IRModule.from_expr(func))
@@ -54,19 +54,25 @@ def test_placeholders_are_tracked_until_filled_and_the_size_bound_is_inclusive()
     """Each deferred result is listed as unfilled while the guard is open, and leaves the list
     when something reads it; exactly DEFER_MIN_ELEMENTS elements is large enough to defer."""
     from relay_tasks.optimize.fold import FoldConstant
-    from relay_tasks.optimize.placeholders import DEFER_MIN_ELEMENTS, deferred_placeholders
+    from relay_tasks.optimize.placeholders import (
+        DEFER_MIN_ELEMENTS,
+        deferred_placeholders,
+        filled_data,
+    )
 
     side = int(DEFER_MIN_ELEMENTS**0.5)
     assert side * side == DEFER_MIN_ELEMENTS
     w = np.random.default_rng(4).standard_normal((side, side)).astype("float32")
     x = relay.var("x", shape=(side, side))
-    unread = relay.Function([x], relay.add(x, relay.transpose(relay.const(w))))
-    read = relay.Function([], relay.exp(relay.transpose(relay.const(w))))  # TVM folds exp
-    for func, left in ((unread, 1), (read, 0)):
-        mod = relay.transform.InferType()(tvm.IRModule.from_expr(func))
-        with tvm.transform.PassContext(opt_level=3), deferred_placeholders() as unfilled:
-            FoldConstant()(mod)
-            assert [tuple(c.data.shape) for c in unfilled.values()] == [(side, side)] * left
+    func = relay.Function([x], relay.exp(relay.transpose(relay.const(w))) + x)
+    mod = relay.transform.InferType()(tvm.IRModule.from_expr(func))
+    with tvm.transform.PassContext(opt_level=3), deferred_placeholders() as unfilled:
+        exp = FoldConstant()(mod)["main"].body.args[0]  # exp's kernel waits for the transpose
+        assert [tuple(c.data.shape) for c in unfilled.values()] == [(side, side)] * 2
+        value = filled_data(exp).numpy()
+        assert unfilled == {}  # reading exp computed the transpose first
+    theirs = relay.transform.FoldConstant()(mod)["main"].body.args[0].data.numpy()
+    assert np.array_equal(value.view("uint32"), theirs.view("uint32"))  # TVM's own exp
     y = relay.var("y", shape=(side - 1, side))
     smaller = relay.Function([y], relay.add(y, relay.transpose(relay.const(w[:, 1:]))))
     mod = relay.transform.InferType()(tvm.IRModule.from_expr(smaller))
@@ -94,41 +100,27 @@ def test_deferred_results_keep_their_type_and_fall_back_to_tvm(values, reader) -
     assert tvm.ir.structural_equal(ours["main"], theirs["main"])
 
 
-def test_an_unfilled_placeholder_inside_a_fused_function_is_named() -> None:
-    from relay_tasks.errors import ExtractionError
-    from relay_tasks.optimize.placeholders import refuse_placeholders
+def test_placeholders_inside_fused_functions_are_computed_and_no_others() -> None:
+    """Lowering reads the constants inside primitive functions: those placeholders (found by
+    buffer: FuseOps rebuilds the nodes around the same arrays) are computed once the module is
+    fused; one that is only a fused function's argument stays unread."""
+    from relay_tasks.optimize.placeholders import current, deferred_placeholders, fill_inside_tasks
 
-    placeholder = relay.Constant(tvm.nd.empty((8,), "float32"))
-    other = relay.Constant(tvm.nd.array(np.ones(8, "float32")))
+    inside, outside = (relay.Constant(tvm.nd.empty((8,), "float32")) for _ in range(2))
     x = relay.var("x", shape=(8,))
-    fused = relay.Function([x], relay.add(relay.add(x, other), placeholder))
-    fused = fused.with_attr("Primitive", 1).with_attr("hash", "00c0ffee")
+    rebuilt = relay.Constant(inside.data)  # another node, the same buffer
+    fused = relay.Function([x], relay.add(x, rebuilt)).with_attr("Primitive", 1)
     y = relay.var("y", shape=(8,))
-    outside = relay.add(relay.Call(fused, [y]), placeholder)  # outside a fused function: fine
-    mod = tvm.IRModule.from_expr(relay.Function([y], outside))
-    refuse_placeholders(mod, {})
-    lookalike = relay.Constant(tvm.nd.empty((8,), "float32"))  # same type, another buffer
-    refuse_placeholders(mod, {lookalike.handle.value: lookalike})
-    rebuilt = relay.Function([x], relay.add(x, relay.Constant(placeholder.data)))  # as FuseOps does
-    rebuilt = rebuilt.with_attr("Primitive", 1).with_attr("hash", "0ddba11")
-    with pytest.raises(ExtractionError, match="inside 0ddba11;"):
-        refuse_placeholders(
-            tvm.IRModule.from_expr(relay.Function([y], relay.Call(rebuilt, [y]))),
-            {placeholder.handle.value: placeholder},
-        )
-    plain = tvm.IRModule.from_expr(relay.Function([y], outside.args[1] + y))
-    refuse_placeholders(plain, {placeholder.handle.value: placeholder})
-    with pytest.raises(ExtractionError) as caught:
-        refuse_placeholders(mod, {placeholder.handle.value: placeholder})
-    assert str(caught.value) == (
-        "a constant whose value was deferred and never computed is inside 00c0ffee; relay-tasks "
-        "would lower an uninitialised buffer (please report this model)"
-    )
-    unnamed = tvm.IRModule.from_expr(
-        relay.Function([y], relay.Call(fused.without_attr("hash"), [y]))
-    )
-    with pytest.raises(ExtractionError, match="is inside a function;"):
-        refuse_placeholders(unnamed, {placeholder.handle.value: placeholder})
+    mod = tvm.IRModule.from_expr(relay.Function([y], relay.Call(fused, [relay.add(y, outside)])))
+    computed: list[str] = []
+    with deferred_placeholders() as unfilled:
+        deferred = current()
+        for name, const in (("inside", inside), ("outside", outside)):
+            value = np.full(8, len(computed) + 1, "float32")
+            deferred.add(const, lambda name=name, value=value: computed.append(name) or value)
+        fill_inside_tasks(mod)
+        assert computed == ["inside"] and list(unfilled.values()) == [outside]
+    assert inside.data.numpy().tolist() == [1] * 8
 
 
 def _scaled_conv(scale: relay.Expr) -> tvm.IRModule:
