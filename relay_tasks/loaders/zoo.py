@@ -10,6 +10,7 @@ from collections.abc import Callable
 import tvm
 from tvm.ir import IRModule
 
+from .._deferred import import_alone
 from ..errors import ModelError
 
 DEFAULT_MODEL = "resnet-50"
@@ -19,7 +20,7 @@ Workload = tuple[IRModule, dict[str, tvm.nd.NDArray]]
 
 def _resnet(layers: int) -> Callable[[], Workload]:
     def build() -> Workload:
-        from tvm.relay.testing import resnet
+        resnet = import_alone("tvm.relay.testing.resnet")
 
         return resnet.get_workload(num_layers=layers, batch_size=1)  # type: ignore[no-any-return]
 
@@ -28,7 +29,7 @@ def _resnet(layers: int) -> Callable[[], Workload]:
 
 def _vgg(layers: int) -> Callable[[], Workload]:
     def build() -> Workload:
-        from tvm.relay.testing import vgg
+        vgg = import_alone("tvm.relay.testing.vgg")
 
         return vgg.get_workload(num_layers=layers, batch_size=1)  # type: ignore[no-any-return]
 
@@ -36,31 +37,31 @@ def _vgg(layers: int) -> Callable[[], Workload]:
 
 
 def _mobilenet() -> Workload:
-    from tvm.relay.testing import mobilenet
+    mobilenet = import_alone("tvm.relay.testing.mobilenet")
 
     return mobilenet.get_workload(batch_size=1)  # type: ignore[no-any-return]
 
 
 def _densenet() -> Workload:
-    from tvm.relay.testing import densenet
+    densenet = import_alone("tvm.relay.testing.densenet")
 
     return densenet.get_workload(densenet_size=121, batch_size=1)  # type: ignore[no-any-return]
 
 
 def _squeezenet() -> Workload:
-    from tvm.relay.testing import squeezenet
+    squeezenet = import_alone("tvm.relay.testing.squeezenet")
 
     return squeezenet.get_workload(batch_size=1)  # type: ignore[no-any-return]
 
 
 def _inception_v3() -> Workload:
-    from tvm.relay.testing import inception_v3
+    inception_v3 = import_alone("tvm.relay.testing.inception_v3")
 
     return inception_v3.get_workload(batch_size=1)  # type: ignore[no-any-return]
 
 
 def _dcgan() -> Workload:
-    from tvm.relay.testing import dcgan
+    dcgan = import_alone("tvm.relay.testing.dcgan")
 
     return dcgan.get_workload(batch_size=1)  # type: ignore[no-any-return]
 
