@@ -206,7 +206,8 @@ SWEEP = [
 ]
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The bench's options (the docs' bench commands are checked against them)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=None, help="default: one per class")
     parser.add_argument(
@@ -223,6 +224,11 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=1, help="runs per side; medians reported")
     parser.add_argument("--input-shapes", default="", help="for model files, as in the CLI")
     parser.add_argument("--worker", nargs=5, help=argparse.SUPPRESS)
+    return parser
+
+
+def main() -> int:
+    parser = build_parser()
     args = parser.parse_args()
     if args.worker:
         print(json.dumps(_measure(*args.worker)))

@@ -20,3 +20,38 @@ def test_dev_keeps_the_callers_directory(tmp_path: Path) -> None:
     assert (tmp_path / "tasks.txt").read_text().splitlines()[1].split()[
         1
     ] == "fused_nn_dense_nn_relu"
+
+
+def test_the_docs_bench_commands_are_the_bench_s_options() -> None:
+    """Every ``./dev bench`` line a document shows parses with the bench's own parser, and its
+    models are bench models, built-in models or files (an option renamed on one side shows)."""
+    import importlib.util
+    import re
+    import shlex
+    import sys
+
+    repo = Path(__file__).resolve().parent.parent
+    sys.path.insert(0, str(repo / "bench"))
+    try:
+        spec = importlib.util.spec_from_file_location(
+            "bench_extract", repo / "bench" / "extract.py"
+        )
+        assert spec is not None and spec.loader is not None
+        bench = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(bench)
+        from models import BENCH_MODELS
+    finally:
+        sys.path.remove(str(repo / "bench"))
+    from relay_tasks.loaders.zoo import MODELS
+
+    documents = [repo / "README.md", *sorted((repo / "docs").glob("*.md"))]
+    commands = [
+        line
+        for path in documents
+        for line in re.findall(r"^\./dev bench\b([^\n]*)", path.read_text(), re.MULTILINE)
+    ]
+    assert len(commands) >= 4
+    for command in commands:
+        args = bench.build_parser().parse_args(shlex.split(command, comments=True))
+        for model in args.models or bench.DEFAULT_MODELS:
+            assert model in BENCH_MODELS or model in MODELS or "." in model, (command, model)
