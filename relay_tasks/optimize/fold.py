@@ -4,14 +4,14 @@ Upstream's ``FoldConstant`` evaluates every call whose arguments are all constan
 with LLVM and running it (a fresh build and MCJIT load per call: about 80% of upstream's
 extraction time). The weights-side arithmetic that reaches it (batch-norm folding, layout changes
 of weights, position-id arithmetic) is exact in numpy, so this module evaluates those calls
-directly and leaves the rest, and every structural subtlety of the pass (let-inlining, tuples,
-``if``, ``shape_of``), to TVM's own ``FoldConstant``; when nothing of that kind is left, TVM's
-pass is skipped and the module only typed, which is all it would have done.
+directly; the calls numpy does not cover go to TVM's own kernels, all built at once when a value
+is first read (:mod:`.jit`); every structural subtlety of the pass (let-inlining, tuples, ``if``,
+``shape_of``) is left to TVM's own ``FoldConstant``, and when nothing of that kind is left,
+TVM's pass is skipped and the module only typed, which is all it would have done.
 
-A call is folded here only when its op has an evaluator below, its inputs are free of NaN (whose
+A call is folded in numpy only when its op has an evaluator, its inputs are free of NaN (whose
 payload is not portable through arithmetic; ops that only move elements keep it), and the result
-has exactly the shape and dtype Relay inferred for the call; anything else falls through to TVM.
-"""
+has exactly the shape and dtype Relay inferred for the call; anything else is TVM's kernel."""
 
 from __future__ import annotations
 
