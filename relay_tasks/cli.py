@@ -239,20 +239,22 @@ def _loaded_models(args: argparse.Namespace, sources: Sequence[str]) -> list[tup
 
 
 def _tasks_of_models(args: argparse.Namespace, sources: Sequence[str]) -> list[TunerTask]:
+    return _tasks_of(args, _loaded_models(args, sources))
+
+
+def _tasks_of(args: argparse.Namespace, models: Sequence[Any]) -> list[TunerTask]:
     from .api import extract_models
 
-    models = _loaded_models(args, sources)
     return extract_models(models, _target(args), tuner=args.tuner, **_options(args))
 
 
 def _extract(args: argparse.Namespace) -> int:
-    from .api import extract_models
     from .export import dumps, tasks_document
 
     started = time.perf_counter()
     models = _loaded_models(args, args.models)
     loaded = time.perf_counter()
-    tasks = extract_models(models, _target(args), tuner=args.tuner, **_options(args))
+    tasks = _tasks_of(args, models)
     # On stderr whatever it is: the result goes to stdout, and where the time went is worth
     # seeing in a log too (a model file's loading can cost far more than its extraction).
     print(

@@ -24,7 +24,7 @@ from tvm import relay
 
 from ..ir import node_key, op_name, raw_data, reads_of, rebuild, with_children, with_functions
 from .evaluate import EVALUATORS, Array, as_ndarray, evaluate_call, known_type
-from .jit import constant_leaves, evaluated_by_tvm, static
+from .jit import constant_leaves, evaluated_by_tvm, folded_alone, static
 from .placeholders import (
     DEFER_MIN_ELEMENTS,
     Deferred,
@@ -234,11 +234,8 @@ def folded_call(call: relay.Call) -> relay.Constant:
             return relay.Constant(as_ndarray(result))
     for const in operands or ():
         fill(const)
-    folded: relay.Constant = _FOLD_CONSTANT_EXPR(call, tvm.IRModule(), False)
+    folded: relay.Constant = folded_alone(call)
     return folded
-
-
-_FOLD_CONSTANT_EXPR = tvm.get_global_func("relay._transform.FoldConstantExpr")
 
 
 _TYPE_DEPENDENT_OPS = frozenset({"shape_of", "vm.shape_of", "ndarray_size"})

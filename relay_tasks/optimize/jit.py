@@ -239,12 +239,18 @@ def _flat(value: Value) -> list[tvm.nd.NDArray]:
 _FOLD_CONSTANT_EXPR = tvm.get_global_func("relay._transform.FoldConstantExpr")
 
 
+def folded_alone(call: relay.Call) -> relay.Expr:
+    """TVM's own fold of ``call``, an op call on constants (filled): a build of its own."""
+    folded: relay.Expr = _FOLD_CONSTANT_EXPR(call, tvm.IRModule(), False)
+    return folded
+
+
 def _folded_by_tvm(call: relay.Call) -> Callable[[Sequence[tvm.nd.NDArray]], Value]:
-    """TVM's own fold of ``call`` (a build of its own), for calls the batch cannot take."""
+    """TVM's own fold of ``call``, for calls the batch cannot take."""
 
     def run(operands: Sequence[tvm.nd.NDArray]) -> Value:
         del operands  # the call holds its constants, filled by the time this runs
-        return _as_value(_FOLD_CONSTANT_EXPR(call, tvm.IRModule(), False))
+        return _as_value(folded_alone(call))
 
     return run
 
