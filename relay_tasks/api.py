@@ -7,6 +7,7 @@ from dataclasses import replace
 from typing import Any
 
 from .adapters import Adapter, TunerTask, get_adapter
+from .adapters.base import merge_equal
 from .adapters.progress import progress
 from .inputs import ParamsLike, TargetLike, as_target, host_target
 
@@ -57,20 +58,9 @@ def extract_models(
     """
     adapter = get_adapter(tuner)
     tgt = host_target() if target is None else as_target(target)
-    groups: dict[str, list[TunerTask]] = {}
-    for name, mod, params in progress(models, "extracting"):
-        for task in adapter.extract(mod, tgt, params, **options):
-            groups.setdefault(task.key, []).append(replace(task, models=(name,)))
-    return [_merged(adapter, tasks) for tasks in groups.values()]
-
-
-def _merged(adapter: Adapter, tasks: list[TunerTask]) -> TunerTask:
-    if len(tasks) == 1:
-        return tasks[0]
-    models = tuple(dict.fromkeys(m for t in tasks for m in t.models))
-    return replace(
-        tasks[0],
-        weight=sum(t.weight for t in tasks),
-        native=adapter.merge(tasks),
-        models=models,
-    )
+    return merge_equal(
+        adapter,
+        [replace(task, models=(name,))
+         for name, mod, params in progress(models, "extracting")
+         for task in adapter.extract(mod, tgt, params, **options)],
+    )  # fmt: skip

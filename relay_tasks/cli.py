@@ -71,6 +71,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--trials", type=int, default=64, help="valid measurements in all (default 64)"
     )
     _work_dir_option(tune)
+    tune.add_argument(
+        "--reuse",
+        nargs="+",
+        default=[],
+        metavar="WORKDIR",
+        help="work dirs tuned for other models (same tuner and target): equal tasks take "
+        "their records and are not tuned again",
+    )
     _rpc_options(tune)
     tune.add_argument("--timeout", type=float, default=20.0, help="seconds per measurement")
 
@@ -301,6 +309,7 @@ def _tune(args: argparse.Namespace) -> int:
         rpc_tracker=args.rpc_tracker,
         rpc_key=args.rpc_key,
         timeout=args.timeout,
+        reuse=args.reuse,
     )
     print(format_status(now, task_flops(get_adapter(args.tuner), tasks)))
     _status(f"records in {args.work_dir}; next: relay-tasks status / relay-tasks compile")
@@ -311,10 +320,10 @@ def _status_verb(args: argparse.Namespace) -> int:
     from .api import extract_models
     from .tuning import standing
     from .tuning.status import format_status, plot, task_flops
-    from .tuning.tune import tuned_for
+    from .tuning.tune import tasks_in
 
     folder = Path(args.work_dir)
-    tuned = tuned_for(folder)
+    tuned = tasks_in(folder)
     adapter = get_adapter(tuned.tuner)
     if args.models:
         models = _loaded_models(args, args.models)
@@ -332,7 +341,6 @@ def _status_verb(args: argparse.Namespace) -> int:
 def _compile(args: argparse.Namespace) -> int:
     from .tuning import compile as building
     from .tuning.device import check_runs_here
-    from .tuning.lock import held
     from .tuning.logs import set_aside_cut_lines
     from .tuning.tune import parse_tracker
 
@@ -340,13 +348,12 @@ def _compile(args: argparse.Namespace) -> int:
     if tracker and not args.benchmark:
         raise UsageError("--rpc-tracker applies to --benchmark only")
     ((source, mod, params),) = _loaded_models(args, args.models)
-    with held(Path(args.work_dir), "compile", exclusive=False):
-        chosen = building.plan(mod, params, args.work_dir)
-        set_aside_cut_lines(Path(args.work_dir), chosen.adapter)
-        if args.benchmark and not tracker:
-            check_runs_here(chosen.target, doing="benchmark")
-        print(f"relay-tasks: {chosen.describe()}", file=sys.stderr)
-        factory = building.build(mod, params, args.work_dir, chosen)
+    chosen = building.plan(mod, params, args.work_dir)
+    set_aside_cut_lines(Path(args.work_dir), chosen.adapter)
+    if args.benchmark and not tracker:
+        check_runs_here(chosen.target, doing="benchmark")
+    print(f"relay-tasks: {chosen.describe()}", file=sys.stderr)
+    factory = building.build(mod, params, args.work_dir, chosen)
     path = building.export(factory, args.output)
     print(f"{source}: {len(chosen.tuned)}/{len(chosen.tasks)} tasks tuned, library in {path}")
     if args.benchmark:

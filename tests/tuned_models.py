@@ -70,6 +70,16 @@ def write_tiny(folder: Path) -> tuple[Path, Path]:
     return text, params
 
 
+def write_other(folder: Path) -> tuple[Path, Path]:
+    """``other.relay`` and ``other.params``: dense 1x32 by 8x32, not the tiny model's task."""
+    data, weight = relay.var("data", shape=(1, 32)), relay.var("v", shape=(8, 32))
+    mod = tvm.IRModule.from_expr(relay.Function([data, weight], relay.nn.dense(data, weight)))
+    text, params = folder / "other.relay", folder / "other.params"
+    text.write_text(mod.astext())
+    params.write_bytes(relay.save_param_dict({"v": tvm.nd.array(np.ones((8, 32), "float32"))}))
+    return text, params
+
+
 def tiny_weight() -> np.ndarray:
     """The tiny model's seeded dense weight."""
     return np.random.default_rng(0).standard_normal((16, 32)).astype("float32")

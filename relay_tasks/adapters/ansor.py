@@ -52,7 +52,7 @@ from .base import (
     Measurement,
     Runner,
     TunerTask,
-    append_causes,
+    cause_lines,
     damaged,
     failure_cause,
     read_causes,
@@ -60,9 +60,12 @@ from .base import (
     valid_for,
 )
 from .functions import read_source, source_data
+from .journal import adopt_lines, append
 from .records import ansor_problem
 
 NAME = "ansor"
+#: The records, one a line.
+LOG = "ansor.json"
 PASS_CONFIG = {"relay.backend.use_auto_scheduler": True}
 #: Upstream extracts before the layout rewrite that tuning results would drive.
 DISABLED_PASSES = frozenset({"AutoSchedulerLayoutRewrite"})
@@ -189,7 +192,7 @@ def tune(
 ) -> None:
     """Ansor's task scheduler (tasks by weight) until the log holds ``trials`` valid
     measurements; the search effort scales down with the budget."""
-    log = work_dir / "ansor.json"
+    log = work_dir / LOG
     records = measurements(work_dir)
     budget = trials - valid_for(tasks, records)
     if budget <= 0:
@@ -215,7 +218,7 @@ def tune(
             num_measures_per_round=per_round,
             builder=auto_scheduler.LocalBuilder(timeout=_seconds(runner)),  # --timeout bounds both
             runner=_runner(runner),
-            measure_callbacks=[auto_scheduler.RecordToFile(str(log)), _KeepCauses(work_dir)],
+            measure_callbacks=[_Keep(work_dir)],
         ),
         search_policy_params=_search(budget),
     )
@@ -225,16 +228,19 @@ def tune(
 ERRORS_FILE = "ansor_errors.jsonl"
 
 
-class _KeepCauses(auto_scheduler.measure.PythonBasedMeasureCallback):  # type: ignore[misc]
-    """Keep each failure's cause, in the order the log records the failures."""
+class _Keep(auto_scheduler.measure.PythonBasedMeasureCallback):  # type: ignore[misc]
+    """Append a batch's records and its failures' causes together, for the work dir's other
+    writers (Ansor's ``RecordToFile`` writes through a C++ stream that can cut a line in two)."""
 
     def __init__(self, work_dir: Path) -> None:
         super().__init__()
-        self.path = work_dir / ERRORS_FILE
+        self.work_dir = work_dir
 
     def callback(self, policy: Any, inputs: Any, results: Any) -> None:
+        records = [auto_scheduler.measure_record.dump_record_to_string(inp, res)
+                   for inp, res in zip(inputs, results, strict=True)]  # fmt: skip
         causes = [failure_cause(str(res.error_msg)) for res in results if _failed(res)]
-        append_causes(self.path, causes)
+        append(self.work_dir, [(LOG, records), (ERRORS_FILE, cause_lines(causes))])
 
 
 def _failed(result: Any) -> bool:
@@ -257,7 +263,7 @@ def _search(budget: int) -> dict[str, Any]:
 
 
 def measurements(work_dir: Path) -> list[Measurement]:
-    log = work_dir / "ansor.json"
+    log = work_dir / LOG
     causes = read_causes(work_dir / ERRORS_FILE)
     result = []
     codes = {int(v): k for k, v in vars(auto_scheduler.measure.MeasureErrorNo).items()
@@ -291,7 +297,7 @@ def flops(task: auto_scheduler.SearchTask) -> float:
 
 def build(mod: Any, target: Target, params: Any, work_dir: Path, tasks: Sequence[TunerTask]) -> Any:
     """``relay.build`` with the log's best states applied, as upstream's tutorial builds."""
-    records = auto_scheduler.ApplyHistoryBest(str(work_dir / "ansor.json"))
+    records = auto_scheduler.ApplyHistoryBest(str(work_dir / LOG))
     with records, tvm.transform.PassContext(opt_level=3, config=PASS_CONFIG):
         return relay.build(mod, target=target, params=params)
 
@@ -310,7 +316,8 @@ def _seconds(runner: Runner) -> int:
 
 ADAPTER = Adapter(
     NAME, extract, encode, decode, key, merge, tune, measurements, flops, build,
-    ("ansor.json", ERRORS_FILE),
+    (LOG, ERRORS_FILE),
+    adopt=lambda tasks, source, work_dir: adopt_lines(LOG, measurements, tasks, source, work_dir),
 )  # fmt: skip
 
 

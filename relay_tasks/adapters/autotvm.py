@@ -44,16 +44,19 @@ from .base import (
     Measurement,
     Runner,
     TunerTask,
-    append_causes,
+    cause_lines,
     damaged,
     failure_cause,
     read_causes,
     record_lines,
 )
 from .functions import only_fields, read_dtype, read_shape, read_source, source_data
+from .journal import adopt_lines, append
 from .records import autotvm_problem
 
 NAME = "autotvm"
+#: The records, one a line.
+LOG = "autotvm.log"
 #: Upstream's extraction lowers with AlterOpLayout off: AutoTVM's templates expect that.
 DISABLED_PASSES = frozenset({"AlterOpLayout"})
 
@@ -334,7 +337,7 @@ def tune(
 ) -> None:
     """XGBTuner per task, until the log holds ``trials`` valid measurements in all (see
     :func:`allotments`; a failed measurement does not count, so a rerun retries it)."""
-    log = work_dir / "autotvm.log"
+    log = work_dir / LOG
     valid: dict[str, int] = {}
     for m in measurements(work_dir):
         valid[m.key] = valid.get(m.key, 0) + m.valid
@@ -354,7 +357,7 @@ def tune(
                 n_trial=remaining,
                 early_stopping=None,
                 measure_option=measure,
-                callbacks=[autotvm.callback.log_to_file(str(log)), _keep_causes(work_dir)],
+                callbacks=[_keep(work_dir)],
             )
 
 
@@ -437,14 +440,18 @@ class _Here:
 ERRORS_FILE = "autotvm_errors.jsonl"
 
 
-def _keep_causes(work_dir: Path) -> Callable[[Any, Any, Any], None]:
-    """An AutoTVM callback keeping each failure's cause (its result's costs hold the traceback
-    and the error) in the order the log records the failures."""
+def _keep(work_dir: Path) -> Callable[[Any, Any, Any], None]:
+    """An AutoTVM callback appending a batch's records and its failures' causes (a failed
+    result's costs hold the traceback and the error) together, for the work dir's other
+    writers (AutoTVM's ``log_to_file`` writes through a buffer that can cut a line in two)."""
 
     def keep(tuner: Any, inputs: Any, results: Any) -> None:
+        records = [
+            autotvm.record.encode(inp, res) for inp, res in zip(inputs, results, strict=True)
+        ]
         causes = [failure_cause(str(res.costs[-1]) if res.costs else "")
                   for res in results if res.error_no != 0]  # fmt: skip
-        append_causes(work_dir / ERRORS_FILE, causes)
+        append(work_dir, [(LOG, records), (ERRORS_FILE, cause_lines(causes))])
 
     return keep
 
@@ -485,7 +492,7 @@ def _outside(knobs: list[list[Any]], space: ConfigSpace) -> str | None:
 
 
 def measurements(work_dir: Path) -> list[Measurement]:
-    log = work_dir / "autotvm.log"
+    log = work_dir / LOG
     causes = read_causes(work_dir / ERRORS_FILE)
     result = []
     for number, line in record_lines(log):
@@ -514,13 +521,14 @@ def build(mod: Any, target: Target, params: Any, work_dir: Path, tasks: Sequence
     import tvm
     from tvm import relay
 
-    records = autotvm.apply_history_best(str(work_dir / "autotvm.log"))
+    records = autotvm.apply_history_best(str(work_dir / LOG))
     with records, tvm.transform.PassContext(opt_level=3):
         return relay.build(mod, target=target, params=params)
 
 
 ADAPTER = Adapter(
     NAME, extract, encode, decode, key, merge, tune, measurements, flops, build,
-    ("autotvm.log", ERRORS_FILE),
-    lambda tasks, work_dir: check_configs([t.native for t in tasks], work_dir / "autotvm.log"),
+    (LOG, ERRORS_FILE),
+    lambda tasks, work_dir: check_configs([t.native for t in tasks], work_dir / LOG),
+    lambda tasks, source, work_dir: adopt_lines(LOG, measurements, tasks, source, work_dir),
 )  # fmt: skip

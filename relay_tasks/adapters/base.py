@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from ..errors import ModelError, describe_text
 from ..lowering.extract import Task
@@ -87,7 +86,9 @@ class Adapter:
     - ``logs``: the files of ``work_dir`` its records are in, one record a line;
     - ``check(tasks, work_dir)``: refuse, as damaged, a record of ``tasks`` the tuner would
       apply although its search never writes it (checks that need the tasks; the rest are
-      ``measurements``'), before any tuner reads the work dir.
+      ``measurements``'), before any tuner reads the work dir;
+    - ``adopt(tasks, source, work_dir)``: copy the valid records of ``tasks`` from the work dir
+      ``source`` (tuned for other models) into ``work_dir``, unless already there; how many.
     """
 
     name: str
@@ -104,6 +105,28 @@ class Adapter:
     check: Callable[[Sequence[TunerTask], Path], None] = field(
         default=lambda tasks, work_dir: None, repr=False
     )
+    adopt: Callable[[Sequence[TunerTask], Path, Path], int] = field(
+        default=lambda tasks, source, work_dir: 0, repr=False
+    )
+
+
+def merge_equal(adapter: Adapter, tasks: Iterable[TunerTask]) -> list[TunerTask]:
+    """Equal tasks (same key) of several models as one: weights added, models joined, in the
+    order each first appears."""
+    groups: dict[str, list[TunerTask]] = {}
+    for task in tasks:
+        groups.setdefault(task.key, []).append(task)
+    return [
+        group[0]
+        if len(group) == 1
+        else replace(
+            group[0],
+            weight=sum(t.weight for t in group),
+            native=adapter.merge(group),
+            models=tuple(dict.fromkeys(m for t in group for m in t.models)),
+        )
+        for group in groups.values()
+    ]
 
 
 def valid_for(tasks: Sequence[TunerTask], measurements: Iterable[Measurement]) -> int:
@@ -153,25 +176,15 @@ def failure_cause(error: str) -> str:
     return (lines[-1] if lines else describe_text(error))[:300]
 
 
-def append_causes(path: Path, causes: Sequence[str]) -> None:
-    """Keep the causes of failed measurements, one JSON line each, in the order the tuner logs
-    the failures: no tuner keeps them with its records (a failure is 1e9 or 1e10 s)."""
-    if not causes:
-        return
-    with open_appending(path) as handle:
-        handle.write("".join(json.dumps({"error": cause}) + "\n" for cause in causes).encode())
-
-
-def open_appending(path: Path) -> BinaryIO:
-    """``path`` opened to append to, created if missing; a symbolic link there raises
-    ``OSError`` (ELOOP) instead of being followed: a work dir from elsewhere could point a log at
-    any file of the user's."""
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
-    return os.fdopen(fd, "ab")
+def cause_lines(causes: Sequence[str]) -> list[str]:
+    """The causes of failed measurements as the lines kept for them, one JSON object each, in
+    the order the tuner logs the failures: no tuner keeps them with its records (a failure is
+    1e9 or 1e10 s). They are appended with their records (:func:`.journal.append`)."""
+    return [json.dumps({"error": cause}) for cause in causes]
 
 
 def read_causes(path: Path) -> Iterator[str]:
-    """The causes :func:`append_causes` kept, in order, then ``"unknown error"`` for ever (for
+    """The causes :func:`cause_lines` kept, in order, then ``"unknown error"`` for ever (for
     failures logged before their causes were)."""
     for _, line in record_lines(path):
         record = json.loads(line)

@@ -6,6 +6,10 @@ hash: the workload's module is the task this command derived, never the file's. 
 trace passes :mod:`.records`' allowlist, then MetaSchedule replays it on that module into an
 in-memory database, which is all the tuner and the build see. New records go to the same two
 files, one line each as it completes, in ``JSONDatabase``'s format (its readers still read them).
+
+A record names its workload by line number, and other tunes may share the files: each commit
+takes the work dir's lock (:mod:`.journal`), reads the workload lines appended since it last
+looked, and only then numbers its own.
 """
 
 from __future__ import annotations
@@ -22,13 +26,16 @@ from tvm import meta_schedule as ms
 from tvm.ir import IRModule
 
 from ..errors import describe_failure
-from .base import damaged, open_appending, record_lines
+from .base import cause_lines, damaged, record_lines
+from .journal import locked, write_locked
 from .records import trace_problem
 
 #: A record's JSON form with its index maps as objects (the Python ``as_json`` cannot hold them).
 _AS_JSON = tvm.get_global_func("meta_schedule.TuningRecordAsJSON")
 WORKLOADS = "database_workload.json"
 RECORDS = "database_tuning_record.json"
+#: The causes of failed measurements, one a line (a record keeps only its failure's 1e10 s).
+ERRORS = "meta_schedule_errors.jsonl"
 
 
 def workload_key(mod: IRModule) -> str:
@@ -86,37 +93,100 @@ class WorkDatabase:
     """
 
     def __init__(self, work_dir: Path, modules: Sequence[IRModule]) -> None:
-        self.workloads_file, self.records_file = work_dir / WORKLOADS, work_dir / RECORDS
+        self.work_dir = work_dir
         self.memory = ms.database.MemoryDatabase()
         self.modules = {workload_key(m): m for m in modules}
-        keys, entries = read_records(work_dir)
-        self.lines = {key: index for index, key in reversed(list(enumerate(keys)))}
-        self.count = len(keys)
+        self.lines: dict[str, int] = {}
+        self.count = self.read_to = 0  # workload lines numbered, bytes of them read
+        with locked(work_dir):
+            self._number(self._filed_since())
+            _, entries = read_records(work_dir)
         for entry in entries:
             if entry.key in self.modules:
                 self._load(entry)
 
-    def _load(self, entry: Entry) -> None:
+    def _number(self, keys: Sequence[str]) -> None:
+        """Workload lines ``count`` on: the first line of a key is the one records point at."""
+        for index, key in enumerate(keys, start=self.count):
+            self.lines.setdefault(key, index)
+        self.count += len(keys)
+
+    def _filed_since(self) -> list[str]:
+        """The keys of the workload lines written since the last look (called holding the
+        lock: every line but one a dead writer cut is whole)."""
+        path = self.work_dir / WORKLOADS
+        try:
+            with path.open("rb") as handle:
+                handle.seek(self.read_to)
+                data = handle.read()
+        except FileNotFoundError:
+            return []
+        whole = data[: data.rfind(b"\n") + 1]
+        self.read_to += len(whole)
+        lines = whole.decode("utf-8", errors="replace").splitlines()
+        return [_line_key(path, self.count + n, line) for n, line in enumerate(lines, start=1)]
+
+    def _load(self, entry: Entry, source: Path | None = None) -> Any:
+        """The record of ``entry`` (of ``source``'s records, else this work dir's), replayed
+        on the module derived here, in memory."""
         workload = self.memory.commit_workload(self.modules[entry.key])
         try:
             plain = tvm.runtime.convert([entry.trace, entry.run_secs, None, entry.args_info])
             record = ms.database.TuningRecord.from_json(plain, workload)
         except (tvm.TVMError, ValueError, TypeError) as err:
-            raise damaged(self.records_file, entry.number, describe_failure(err)) from err
+            path = (source or self.work_dir) / RECORDS
+            raise damaged(path, entry.number, describe_failure(err)) from err
         self.memory.commit_tuning_record(record)
+        return record
 
-    def commit(self, record: Any) -> None:
-        """A measured record: into memory, and one line appended to the work dir's records
-        (its workload's line first, the first time)."""
+    def adopt(self, source: Path) -> int:
+        """Copy the valid records of these modules from another work dir's database (each
+        checked as this one's are), leaving out those already here; returns how many."""
+        have = {_same(e) for e in read_records(self.work_dir)[1]}
+        copied = 0
+        for entry in read_records(source)[1]:
+            if entry.key in self.modules and _measured(entry) and _same(entry) not in have:
+                self._file(self._load(entry, source))
+                have.add(_same(entry))
+                copied += 1
+        return copied
+
+    def commit(self, record: Any, cause: str | None = None) -> None:
+        """A measured record (and a failure's cause): into memory, and one line appended to
+        the work dir's records (its workload's line first, unless some writer filed it)."""
         self.memory.commit_tuning_record(record)
+        self._file(record, cause)
+
+    def _file(self, record: Any, cause: str | None = None) -> None:
         mod = record.workload.mod
         key = workload_key(mod)
-        if key not in self.lines:
-            saved = tvm.ir.save_json(mod).encode()  # as a length-prefixed string, as TVM does
-            text = base64.b64encode(struct.pack("<Q", len(saved)) + saved).decode()
-            _append(self.workloads_file, [str(int(key, 16)), text])
-            self.lines[key], self.count = self.count, self.count + 1
-        _append(self.records_file, [self.lines[key], _plain(_AS_JSON(record))])
+        line = _dumps(_plain(_AS_JSON(record)))
+        causes = cause_lines([cause] if cause is not None else [])
+        with locked(self.work_dir):
+            self._number(self._filed_since())
+            workload = []
+            if key not in self.lines:
+                saved = tvm.ir.save_json(mod).encode()  # as a length-prefixed string, as TVM does
+                text = base64.b64encode(struct.pack("<Q", len(saved)) + saved).decode()
+                workload = [_dumps([str(int(key, 16)), text])]
+                self._number([key])
+            record_line = f"[{self.lines[key]},{line}]"
+            write_locked(
+                self.work_dir, [(WORKLOADS, workload), (RECORDS, [record_line]), (ERRORS, causes)]
+            )
+
+
+def _same(entry: Entry) -> str:
+    """What makes two records one measurement: task, schedule and run times."""
+    return _dumps([entry.key, entry.trace, entry.run_secs])
+
+
+def _measured(entry: Entry) -> bool:
+    """A valid measurement: run times under MetaSchedule's failure mark (1e10 s)."""
+    try:
+        return bool(entry.run_secs) and 0 < sum(entry.run_secs) / len(entry.run_secs) < 1e9
+    except TypeError:
+        return False
 
 
 def trace_json(trace: Any) -> Any:
@@ -140,7 +210,5 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _append(path: Path, value: Any) -> None:
-    """One line in one write (O_APPEND): a crash cuts at most the last line."""
-    with open_appending(path) as handle:
-        handle.write((json.dumps(value, separators=(",", ":")) + "\n").encode())
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))

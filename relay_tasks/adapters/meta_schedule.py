@@ -36,13 +36,12 @@ from .base import (
     Measurement,
     Runner,
     TunerTask,
-    append_causes,
     damaged,
     failure_cause,
     read_causes,
     valid_for,
 )
-from .database import RECORDS, WORKLOADS, WorkDatabase, read_records, workload_key
+from .database import ERRORS, RECORDS, WORKLOADS, WorkDatabase, read_records, workload_key
 from .functions import read_source, source_data
 
 NAME = "meta_schedule"
@@ -311,7 +310,7 @@ def tune(
         # Small enough that the warm-up round (one batch per task) reaches every task.
         num_trials_per_iter=max(1, min(BATCH, budget // len(tasks))),
         builder=_builder(runner),
-        runner=_CommitEach(_runner(runner), scheduler, database, work_dir / ERRORS_FILE),
+        runner=_CommitEach(_runner(runner), scheduler, database),
         database=database.memory,
         # The default callbacks less AddToDatabase: the runner has committed every record.
         measure_callbacks=[
@@ -343,9 +342,6 @@ def _search(budget: int) -> Any:
     )
 
 
-ERRORS_FILE = "meta_schedule_errors.jsonl"
-
-
 #: Seconds between two looks at a batch's unfinished measurements.
 POLL = 0.02
 
@@ -362,8 +358,8 @@ class _CommitEach(ms.runner.PyRunner):  # type: ignore[misc]  # pragma: no mutat
     the task record whose builds are in and whose futures are not yet set.
     """
 
-    def __init__(self, inner: Any, scheduler: Any, database: WorkDatabase, errors: Path) -> None:
-        self.inner, self.scheduler, self.database, self.errors = inner, scheduler, database, errors
+    def __init__(self, inner: Any, scheduler: Any, database: WorkDatabase) -> None:
+        self.inner, self.scheduler, self.database = inner, scheduler, database
 
     def run(self, runner_inputs: list[Any]) -> list[Any]:
         task = next(t for t in self.scheduler.tasks_
@@ -401,9 +397,7 @@ class _CommitEach(ms.runner.PyRunner):  # type: ignore[misc]  # pragma: no mutat
             run_secs = [tvm.tir.FloatImm("float32", 1e10)]  # MetaSchedule's failure mark
         trace, info = candidate.sch.trace, candidate.args_info
         record = ms.database.TuningRecord(trace, workload, run_secs, task.ctx.target, info)
-        self.database.commit(record)
-        if error is not None:
-            append_causes(self.errors, [failure_cause(error)])
+        self.database.commit(record, None if error is None else failure_cause(error))
 
 
 def measurements(work_dir: Path) -> list[Measurement]:
@@ -412,7 +406,7 @@ def measurements(work_dir: Path) -> list[Measurement]:
     :func:`.database.read_records`) before anything lets MetaSchedule read the database."""
     if not (work_dir / RECORDS).exists():
         return []
-    errors = read_causes(work_dir / ERRORS_FILE)
+    errors = read_causes(work_dir / ERRORS)
     result = []
     for entry in read_records(work_dir)[1]:
         run_secs = entry.run_secs
@@ -473,5 +467,14 @@ def _runner(runner: Runner) -> Any:
 
 #: The JSON database (workloads, a task's TIR a line, and records pointing into them) and the
 #: failures' causes.
-LOGS = (WORKLOADS, RECORDS, ERRORS_FILE)
-ADAPTER = Adapter(NAME, extract, encode, decode, key, merge, tune, measurements, flops, build, LOGS)
+LOGS = (WORKLOADS, RECORDS, ERRORS)
+
+
+def adopt(tasks: Sequence[TunerTask], source: Path, work_dir: Path) -> int:
+    """Copy the valid records of ``tasks`` from another work dir's database."""
+    return WorkDatabase(work_dir, [t.native.dispatched[0] for t in tasks]).adopt(source)
+
+
+ADAPTER = Adapter(
+    NAME, extract, encode, decode, key, merge, tune, measurements, flops, build, LOGS, adopt=adopt
+)

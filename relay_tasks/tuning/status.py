@@ -15,19 +15,22 @@ from .records import Standing, latency_by_trial
 def format_status(now: Standing, flops: Sequence[float]) -> str:
     """Per task: weight, GFLOP per call, trials, valid and failed measurements, best latency and
     the task's share of the estimated model latency (weight x best; "(alt.)" for an alternative
-    implementation a faster one replaces); then the estimate."""
+    implementation a faster one replaces), and the models it serves when there are several;
+    then the estimate."""
     header = ("#", "task", "weight", "GFLOP", "trials", "valid", "failed", "best ms", "share")
-    rows = [header]
+    several = len({m for r in now.tasks for m in r.task.models}) > 1
+    rows = [header + (("models",) if several else ())]
     total, chosen = now.latency, {id(r) for r in now.chosen}
     for index, (record, flop) in enumerate(zip(now.tasks, flops, strict=True)):
         best = record.best
         share = f"{record.task.weight * best / total:.1%}" if total and best else ""
         if share and id(record) not in chosen:
             share = "(alt.)"  # a faster alternative of the same function is the one built
-        rows.append((str(index), record.task.name, str(record.task.weight), f"{flop / 1e9:.4g}",
-                     str(record.trials), str(record.valid), str(record.failed),
-                     f"{best * 1e3:.4g}" if best is not None else "-", share))  # fmt: skip
-    lines = aligned(rows, left={1})
+        row = (str(index), record.task.name, str(record.task.weight), f"{flop / 1e9:.4g}",
+               str(record.trials), str(record.valid), str(record.failed),
+               f"{best * 1e3:.4g}" if best is not None else "-", share)  # fmt: skip
+        rows.append(row + ((",".join(record.task.models),) if several else ()))
+    lines = aligned(rows, left={1, 9})
     lines.append(_summary(now))
     lines += _failures(now)
     return "\n".join(lines)

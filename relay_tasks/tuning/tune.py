@@ -14,6 +14,7 @@ progress line on a terminal, read from the records as they grow.
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import shutil
@@ -30,21 +31,28 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from ..adapters import ADAPTERS, Adapter, TunerTask, get_adapter
-from ..adapters.base import Runner, open_appending
+from ..adapters.base import Runner, merge_equal
+from ..adapters.journal import locked, open_appending, set_aside_cut_line
 from ..errors import ModelError, TuningError, TuningInterrupted, UsageError, describe_text
 from ..export import TaskFile, dumps, load_tasks, tasks_document
 from ..inputs import TargetLike, as_target
 from .device import check_runs_here, check_tracker, devices_left
-from .lock import held
-from .logs import refuse_links, set_aside_cut_lines
+from .logs import refuse_links
 from .records import Standing, standing
 
-#: The tasks being tuned, as a task file: the worker reads them, ``status`` and ``compile`` too.
+#: The tasks of the last tune, as a task file: which tuner and target the work dir is for.
 TASKS_FILE = "tasks.json"
+#: Every tune's task file, named by the models it tuned: ``status`` shows what they all tune.
+TUNES_DIR = "tunes"
 #: Everything the tuner prints.
 LOG_FILE = "tune.log"
-#: The worker's last word when it fails, for the one-line error.
-FAILURE_MARK = "relay-tasks-worker: error: "
+
+
+def failure_mark(pid: int) -> str:
+    """How worker ``pid`` starts its last word when it fails, for the one-line error."""
+    return f"relay-tasks-worker[{pid}]: error: "
+
+
 #: Seconds a stopped worker gets before its process group is killed.
 GRACE = 2.0
 
@@ -59,6 +67,7 @@ def tune(
     rpc_tracker: str | None = None,
     rpc_key: str | None = None,
     timeout: float = 20.0,
+    reuse: Sequence[str | Path] = (),
 ) -> Standing:
     """Tune until ``work_dir`` holds ``trials`` valid measurements; returns every task's standing.
 
@@ -66,6 +75,9 @@ def tune(
     JSON database) are the resume point: running again keeps every finished measurement, counts
     only valid ones, and spends only the trials still missing. ``rpc_tracker`` (``host:port``)
     and ``rpc_key`` measure on devices behind a TVM RPC tracker instead of this machine.
+    ``reuse`` names work dirs tuned for other models with the same tuner and target: the valid
+    records of equal tasks are copied here, and those tasks are not tuned again (``trials``
+    then counts the measurements of the others).
 
     Raises :class:`TuningInterrupted` on SIGINT/SIGTERM/SIGHUP (measurements kept) and
     :class:`TuningError` when the tuner fails or every new measurement failed.
@@ -82,28 +94,37 @@ def tune(
     else:
         check_tracker(runner.tracker, str(rpc_key))
     folder = work_folder(work_dir)
-    with held(folder, "tune", exclusive=True) as lock:
+    document = tasks_document(tasks, tuner=adapter.name, target=tgt, models=_models(tasks))
+    with locked(folder):  # what another tune may be writing is set straight under the lock
         check_same_tuning(folder, adapter, tgt)
         refuse_links(folder, adapter)
-        set_aside_cut_lines(folder, adapter)
-        records = adapter.measurements(folder)  # each record checked on its own, then
-        adapter.check(tasks, folder)  # against the tasks it would be applied to
+        for name in adapter.logs:
+            set_aside_cut_line(folder / name)
+        file_tasks(folder, document)
+    every = tasks
+    tasks, reused = _reused(adapter, tgt, every, folder, reuse)
+    records = adapter.measurements(folder)  # each record checked on its own, then
+    adapter.check(every, folder)  # against the tasks it would be applied to
+    before = standing(tasks, records)
+    display = _Progress(adapter, tasks, folder, trials)
+    if reused:
+        display.say(reused)
+    if not tasks or before.valid >= trials:
+        return standing(every, records)
+    if before.valid:
+        display.say(_resuming(before, folder))
+    if len(tasks) < len(every):
         document = tasks_document(tasks, tuner=adapter.name, target=tgt, models=_models(tasks))
-        write_file(folder / TASKS_FILE, dumps(document) + "\n")
-        before = standing(tasks, records)
-        if before.valid >= trials:
-            return before
-        display = _Progress(adapter, tasks, folder, trials)
-        if before.valid:
-            display.say(_resuming(before, folder))
-        stopped = _run_worker(adapter, tasks, folder, trials, runner, lock, display)
-        after = standing(tasks, adapter.measurements(folder))
+    stopped = _run_worker(adapter, tasks, folder, trials, runner, document, display)
+    after = standing(tasks, adapter.measurements(folder))
     if stopped is not None:
         raise TuningInterrupted(
             f"stopped; {after.valid} valid measurements are kept in {folder}: run the same "
             "command again to resume",
             stopped,
         )
+    if len(tasks) < len(every):
+        after = standing(every, adapter.measurements(folder))
     new_failed = after.failed - before.failed
     if after.valid == before.valid and new_failed > 0:
         raise TuningError(
@@ -111,6 +132,84 @@ def tune(
             f"(details in {folder / LOG_FILE})"
         )
     return after
+
+
+def _reused(
+    adapter: Adapter,
+    target: Any,
+    tasks: Sequence[TunerTask],
+    folder: Path,
+    sources: Sequence[str | Path],
+) -> tuple[Sequence[TunerTask], str]:
+    """Copy the valid records of ``tasks`` from the work dirs ``sources`` (each tuned with this
+    tuner for this target); returns the tasks still to tune and what was reused, in words."""
+    done: set[str] = set()
+    copied = 0
+    for source in map(Path, sources):
+        if source.resolve() == folder.resolve():
+            raise UsageError(f"--reuse {source} is the --work-dir itself; name other work dirs")
+        before = _tuned_before(source) if source.is_dir() else None
+        if before is None:
+            raise UsageError(f"--reuse {source} is not a relay-tasks work dir (no {TASKS_FILE}); "
+                             "name the --work-dir of a tune")  # fmt: skip
+        if before != (adapter.name, str(target)):
+            raise UsageError(f"--reuse {source} holds {before[0]} records for '{before[1]}', and "
+                             f"this tune is {adapter.name} for '{target}'; records are reused "
+                             "between work dirs of one tuner and target")  # fmt: skip
+        copied += adapter.adopt(tasks, source, folder)
+        done |= {r.task.key for r in standing(tasks, adapter.measurements(source)).tasks
+                 if r.valid}  # fmt: skip
+    left = [t for t in tasks if t.key not in done]
+    if not done:
+        return left, ""
+    return left, (f"relay-tasks: reusing the records of {len(done)} of {len(tasks)} tasks "
+                  f"({copied} copied); they are not tuned again")  # fmt: skip
+
+
+def file_tasks(folder: Path, document: dict[str, Any]) -> None:
+    """Keep a tune's task file as the work dir's last (``tasks.json``) and as its models' in
+    ``tunes/`` (called holding the lock). A tune of models that include all of an earlier
+    tune's replaces that one's file: the work dir's tasks count each model once."""
+    text = dumps(document) + "\n"
+    write_file(folder / TASKS_FILE, text)
+    tunes = folder / TUNES_DIR
+    if tunes.is_symlink() or (tunes.exists() and not tunes.is_dir()):
+        raise TuningError(f"{tunes} is not a directory; remove it (a work dir's task files are "
+                          "written only inside it)")  # fmt: skip
+    tunes.mkdir(exist_ok=True)
+    models = document["models"]
+    name = hashlib.sha256("\0".join(models).encode()).hexdigest()[:16] + ".json"
+    for older in tunes.glob("*.json"):
+        if older.name != name and _models_of(older) <= set(models):
+            older.unlink()
+    write_file(tunes / name, text)
+
+
+def tasks_in(work_dir: str | Path) -> TaskFile:
+    """What every tune of ``work_dir`` tuned, as one task list: equal tasks merged, weights
+    added, each naming the models it serves (the last tune's, for a work dir from before
+    ``tunes/``)."""
+    last = tuned_for(work_dir)
+    files = sorted((Path(work_dir) / TUNES_DIR).glob("*.json"), key=lambda p: p.stat().st_mtime)
+    if not files:
+        return last
+    loaded = [load_tasks(path) for path in files]
+    for path, tuned in zip(files, loaded, strict=True):
+        if (tuned.tuner, str(tuned.target)) != (last.tuner, str(last.target)):
+            raise ModelError(f"{path}: tasks of {tuned.tuner} for '{tuned.target}' in a work dir "
+                             f"of {last.tuner} for '{last.target}'; remove the file")  # fmt: skip
+    models = tuple(dict.fromkeys(m for f in loaded for m in f.models))
+    tasks = merge_equal(get_adapter(last.tuner), [t for f in loaded for t in f.tasks])
+    return TaskFile(last.tuner, last.target, models, tasks)
+
+
+def _models_of(path: Path) -> set[str]:
+    """The models a task file names (read only to compare names; nothing else of it is)."""
+    try:
+        models = json.loads(path.read_text()).get("models")
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError, AttributeError):
+        return set()
+    return {m for m in models if isinstance(m, str)} if isinstance(models, list) else set()
 
 
 def tuned_for(work_dir: str | Path) -> TaskFile:
@@ -222,31 +321,32 @@ def _run_worker(
     folder: Path,
     trials: int,
     runner: Runner,
-    lock: int | None,
+    document: dict[str, Any],
     display: _Progress,
 ) -> int | None:
     """Run the worker to the end, or until a signal; returns that signal's number, if any.
 
-    The worker inherits the work dir's lock (held while it lives, should this process die
-    first) and stops with this process (it watches its parent). It runs isolated (``python
-    -I``: no environment variables, no user site, no current directory on its import path) in
-    a private, empty scratch directory, as does every process it starts (TVM's builders and
-    runners import ``tvm.topi`` without relay-tasks, whose pickle cache then reads and writes
-    ``.pkl_memoize_py3`` in their current directory): nothing placed in the work dir is
-    imported or unpickled by any of them.
+    The worker reads its tasks from its own copy of the task file (another tune may replace
+    the work dir's) and stops with this process (it watches its parent). It runs isolated
+    (``python -I``: no environment variables, no user site, no current directory on its import
+    path) in a private, empty scratch directory, as does every process it starts (TVM's
+    builders and runners import ``tvm.topi`` without relay-tasks, whose pickle cache then reads
+    and writes ``.pkl_memoize_py3`` in their current directory): nothing placed in the work dir
+    is imported or unpickled by any of them.
     """
-    command = [sys.executable, "-I", "-m", "relay_tasks.tuning.worker", str(folder.resolve()),
-               str(trials), json.dumps(asdict(runner)), str(os.getpid())]  # fmt: skip
     with (
         _open_log(folder / LOG_FILE) as log,
         tempfile.TemporaryDirectory(prefix="relay-tasks-worker-") as scratch,
         _signals() as stop,
     ):
+        own = Path(scratch) / TASKS_FILE
+        own.write_text(dumps(document) + "\n")
+        command = [sys.executable, "-I", "-m", "relay_tasks.tuning.worker", str(folder.resolve()),
+                   str(own), str(trials), json.dumps(asdict(runner)), str(os.getpid())]  # fmt: skip
         log.write(f"\n=== relay-tasks tune, {time.strftime('%Y-%m-%d %H:%M:%S')} ===\n".encode())
         log.flush()
         child = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                 cwd=scratch, start_new_session=True,
-                                 pass_fds=() if lock is None else (lock,))  # fmt: skip
+                                 cwd=scratch, start_new_session=True)  # fmt: skip
         watch = _DeviceWatch(runner)
         try:
             while child.poll() is None and not stop and not watch.gone():
@@ -268,7 +368,8 @@ def _run_worker(
             raise TuningError(f"the disk holding {folder} is full ({free} bytes free): free some "
                               "space, then run the same command to resume (what was measured is "
                               "kept)")  # fmt: skip
-        raise TuningError(f"{adapter.name} tuning failed: {_last_failure(folder / LOG_FILE)} "
+        why = _last_failure(folder / LOG_FILE, child.pid)
+        raise TuningError(f"{adapter.name} tuning failed: {why} "
                           f"(details in {folder / LOG_FILE})")  # fmt: skip
     return None
 
@@ -349,9 +450,11 @@ def _signal_group(pid: int, number: int) -> None:
         os.killpg(pid, number)
 
 
-def _last_failure(log: Path) -> str:
+def _last_failure(log: Path, pid: int) -> str:
+    """The worker's last word (the log is shared with the work dir's other tunes' workers)."""
     lines = log.read_text(errors="replace").splitlines()
-    marked = [line[len(FAILURE_MARK) :] for line in lines if line.startswith(FAILURE_MARK)]
+    mark = failure_mark(pid)
+    marked = [line[len(mark) :] for line in lines if line.startswith(mark)]
     return marked[-1] if marked else describe_text("\n".join(lines[-20:])) or "no message"
 
 

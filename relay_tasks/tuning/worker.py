@@ -1,9 +1,10 @@
-"""The tuning child process: ``python -m relay_tasks.tuning.worker WORK_DIR TRIALS RUNNER PARENT``.
+"""The tuning child process: ``python -m relay_tasks.tuning.worker WORK_DIR TASKS TRIALS RUNNER
+PARENT``.
 
-Reads the work dir's task file (data, checked like any task file), tunes, and on failure says
-why in one marked line for the supervisor (:mod:`relay_tasks.tuning.tune`). It runs in a session
-of its own, so no terminal signal reaches it: when the supervisor dies without stopping it
-(SIGKILL), it stops its whole process group itself.
+Reads its task file (data, checked like any task file), tunes into the work dir, and on
+failure says why in one marked line for the supervisor (:mod:`relay_tasks.tuning.tune`). It runs
+in a session of its own, so no terminal signal reaches it: when the supervisor dies without
+stopping it (SIGKILL), it stops its whole process group itself.
 """
 
 from __future__ import annotations
@@ -23,21 +24,21 @@ from ..adapters import Adapter, TunerTask, get_adapter
 from ..adapters.base import Runner, valid_for
 from ..errors import describe_failure
 from ..export import load_tasks
-from .tune import FAILURE_MARK, TASKS_FILE
+from .tune import failure_mark
 
 
 def main(argv: list[str]) -> int:
-    folder, trials, runner = Path(argv[0]), int(argv[1]), json.loads(argv[2])
-    watch_parent(int(argv[3]))
+    folder, tasks, trials, runner = Path(argv[0]), Path(argv[1]), int(argv[2]), json.loads(argv[3])
+    watch_parent(int(argv[4]))
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, force=True)
     try:
-        loaded = load_tasks(folder / TASKS_FILE)
+        loaded = load_tasks(tasks)
         tracker = tuple(runner["tracker"]) if runner["tracker"] else None
         options = Runner(tracker, runner["key"], runner["timeout"])
         tune_until(get_adapter(loaded.tuner), loaded.tasks, loaded.target, trials, folder, options)
     except Exception as err:
         traceback.print_exc()
-        print(f"{FAILURE_MARK}{describe_failure(err)}", file=sys.stderr, flush=True)
+        print(f"{failure_mark(os.getpid())}{describe_failure(err)}", file=sys.stderr, flush=True)
         return 1
     return 0
 

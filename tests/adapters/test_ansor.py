@@ -169,7 +169,8 @@ def test_measurements_are_read_from_ansors_own_records(tmp_path) -> None:
     from tvm.auto_scheduler.measure import MeasureErrorNo, MeasureInput, MeasureResult
 
     from relay_tasks.adapters.ansor import measurements
-    from relay_tasks.adapters.base import append_causes
+    from relay_tasks.adapters.base import cause_lines
+    from relay_tasks.adapters.journal import append
 
     mod, params = load("dense_softmax")
     rows = get_adapter("ansor").extract(mod, X86, params)
@@ -183,7 +184,7 @@ def test_measurements_are_read_from_ansors_own_records(tmp_path) -> None:
     ]
     inputs = [MeasureInput(t, t.compute_dag.get_init_state()) for t, _ in records]
     auto_scheduler.save_records(str(tmp_path / "ansor.json"), inputs, [r for _, r in records])
-    append_causes(tmp_path / "ansor_errors.jsonl", ["device lost"])  # what tune keeps
+    append(tmp_path, [("ansor_errors.jsonl", cause_lines(["device lost"]))])  # what tune keeps
     got = [(m.key, m.seconds, m.error) for m in measurements(tmp_path)]
     assert got == [
         (rows[0].key, pytest.approx(2.5e-3), ""),

@@ -189,7 +189,8 @@ def test_measurements_are_read_from_autotvms_own_log(tmp_path) -> None:
     from tvm.autotvm.measure import MeasureErrorNo, MeasureInput, MeasureResult
 
     from relay_tasks.adapters.autotvm import key, measurements
-    from relay_tasks.adapters.base import append_causes
+    from relay_tasks.adapters.base import cause_lines
+    from relay_tasks.adapters.journal import append
 
     mod, params = load("dense_softmax")
     rows = get_adapter("autotvm").extract(mod, X86, params)
@@ -208,7 +209,9 @@ def test_measurements_are_read_from_autotvms_own_log(tmp_path) -> None:
     ]
     (tmp_path / "autotvm.log").write_text("\n".join(lines) + "\n")
     assert measurements(tmp_path)[1].error == "RUNTIME_DEVICE: unknown error"  # no cause kept
-    append_causes(tmp_path / "autotvm_errors.jsonl", ["RuntimeError: x"])  # what tune keeps
+    append(
+        tmp_path, [("autotvm_errors.jsonl", cause_lines(["RuntimeError: x"]))]
+    )  # what tune keeps
     got = measurements(tmp_path)
     assert [(m.key, m.seconds, m.error) for m in got] == [
         (rows[0].key, pytest.approx(2.5e-3), ""),

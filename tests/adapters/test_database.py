@@ -10,6 +10,7 @@ from tvm import meta_schedule as ms
 from tvm import te, tir
 
 from relay_tasks.adapters.database import WorkDatabase, workload_key
+from relay_tasks.adapters.meta_schedule import measurements
 from relay_tasks.adapters.records import trace_problem
 
 from zoo import HOST
@@ -52,3 +53,22 @@ def test_a_record_written_here_reads_back_here_and_in_metaschedule(tmp_path) -> 
     assert len(WorkDatabase(tmp_path, [other]).memory.get_all_tuning_records()) == 0
     first = (tmp_path / "database_workload.json").read_text().split(",")[0]
     assert first == f'["{int(workload_key(mod), 16)}"'
+
+
+def test_two_tunes_sharing_the_files_number_each_others_workloads(tmp_path) -> None:
+    """Two databases open on one work dir (two tunes of different models), committing in turns:
+    each record points at its own workload's line, whoever filed that line first."""
+    mod, other = _module(2.0), _module(3.0)
+    target = tvm.target.Target(HOST)
+    seconds = [tvm.tir.FloatImm("float32", 1e-3)]
+    mine, theirs = WorkDatabase(tmp_path, [mod]), WorkDatabase(tmp_path, [other])
+    for _ in range(2):
+        for database, module in ((theirs, other), (mine, mod), (mine, mod), (theirs, other)):
+            workload = database.memory.commit_workload(module)
+            trace = tir.Schedule(module).trace
+            database.commit(ms.database.TuningRecord(trace, workload, seconds, target, None))
+    keys = [m.key for m in measurements(tmp_path)]
+    assert keys == [workload_key(m) for m in (other, mod, mod, other)] * 2
+    assert len((tmp_path / "database_workload.json").read_text().splitlines()) == 2
+    for module in (mod, other):  # and each reads back only its own, replayed on its module
+        assert len(WorkDatabase(tmp_path, [module]).memory.get_all_tuning_records()) == 4

@@ -226,7 +226,8 @@ def test_measurements_are_read_from_metaschedules_own_database(tmp_path) -> None
     """A database written through MetaSchedule's own API, in commit order: a valid record is its
     mean run time; a failure (no run time, or MetaSchedule's 1e10 s mark) takes the next cause
     from the error log, then "unknown error"; the key is the workload's structural hash."""
-    from relay_tasks.adapters.meta_schedule import ERRORS_FILE, measurements
+    from relay_tasks.adapters.database import ERRORS as ERRORS_FILE
+    from relay_tasks.adapters.meta_schedule import measurements
 
     mod, params = load("dense_softmax")
     rows = get_adapter("meta_schedule").extract(mod, X86, params)

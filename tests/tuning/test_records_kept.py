@@ -10,17 +10,14 @@ from pathlib import Path
 from typing import Any
 
 import hypothesis
-import numpy as np
 import pytest
-import tvm
 from hypothesis import strategies as st
-from tvm import relay
 
 import relay_tasks
 from relay_tasks.adapters import get_adapter
 from relay_tasks.cli import main
 
-from tuned_models import TUNERS, raw_measurements, tune_argv, valid_count
+from tuned_models import TUNERS, raw_measurements, tune_argv, valid_count, write_other
 
 LOGS = {
     "meta_schedule": "database_tuning_record.json",
@@ -65,23 +62,12 @@ def test_a_work_dir_of_another_tuner_or_target_is_refused(
     assert after == before  # nothing written, tasks.json included
 
 
-def _other_model(folder: Path) -> tuple[Path, Path]:
-    """dense 1x32 by 8x32: not the tiny model's task."""
-    data, weight = relay.var("data", shape=(1, 32)), relay.var("v", shape=(8, 32))
-    mod = tvm.IRModule.from_expr(relay.Function([data, weight], relay.nn.dense(data, weight)))
-    text, params = folder / "other.relay", folder / "other.params"
-    text.write_text(mod.astext())
-    value = np.ones((8, 32), "float32")
-    params.write_bytes(relay.save_param_dict({"v": tvm.nd.array(value)}))
-    return text, params
-
-
 def test_records_of_another_model_fill_no_budget(tiny, tuned, tmp_path, capsys) -> None:
     """The work dir holds 3 valid records of the tiny model: a tune of another model for 2
     measures 2 of its own, and the tiny model's records stay as they were."""
     work = _copy(tuned, "ansor", tmp_path)
     before = raw_measurements(work, "ansor")
-    assert main(tune_argv(_other_model(tmp_path), "ansor", work, 2)) == 0
+    assert main(tune_argv(write_other(tmp_path), "ansor", work, 2)) == 0
     after = raw_measurements(work, "ansor")
     assert after[: len(before)] == before
     new = [seconds for _, seconds in after[len(before) :] if seconds is not None]

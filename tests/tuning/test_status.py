@@ -80,27 +80,23 @@ def test_the_causes_of_failures_are_kept_and_shown(tuner, tiny, tmp_path, capsys
 
 
 def test_ansor_keeps_each_failures_cause_in_order(tuned, tmp_path) -> None:
-    """Ansor's callback keeps the message of each failed result; the reader pairs the n-th
-    failed record with the n-th cause."""
-    import json
+    """Ansor's callback writes each record and the message of each failed one together; the
+    reader pairs the n-th failed record with the n-th cause."""
     import shutil
-    from types import SimpleNamespace
+
+    from tvm.auto_scheduler.measure import MeasureResult
+    from tvm.auto_scheduler.measure_record import load_record_from_string
 
     from relay_tasks.adapters import ansor
 
     work = tmp_path / "w"
     shutil.copytree(tuned["ansor"], work)
-    keep = ansor._KeepCauses(work)
-    failed = SimpleNamespace(error_no=7, costs=[], error_msg="Traceback\nRuntimeError: boom")
-    fine = SimpleNamespace(error_no=0, costs=[1e-5], error_msg="")
-    keep.callback(None, [], [fine, failed, fine])
-    log = work / "ansor.json"
-    record = json.loads(log.read_text().splitlines()[0])
-    record["r"][1] = 7  # RUN_TIMEOUT
-    with log.open("a") as handle:
-        handle.write(json.dumps(record) + "\n")
+    inp, _ = load_record_from_string((work / "ansor.json").read_text().splitlines()[0])
+    failed = MeasureResult([], 7, "Traceback\nRuntimeError: boom", 0.1, 0)  # RUN_TIMEOUT
+    fine = MeasureResult([1e-5], 0, "", 0.1, 0)
+    ansor._Keep(work).callback(None, [inp] * 3, [fine, failed, fine])
     measured = ansor.measurements(work)
-    assert measured[-1].error == "RUN_TIMEOUT: RuntimeError: boom"
+    assert [m.error for m in measured[-3:]] == ["", "RUN_TIMEOUT: RuntimeError: boom", ""]
     # The real tune's own failures (states that fail to instantiate) have their causes too.
     assert all(": " in m.error and "unknown" not in m.error for m in measured if m.error)
 
@@ -141,17 +137,21 @@ def test_autotvm_alternatives_are_grouped_and_share_the_flops_once(tiny, capsys)
     assert shares[-1] == 100.0 and shares[0] > 90  # each is (about) the whole dense, not half
 
 
-def test_autotvm_keeps_each_failures_cause_in_order(tmp_path) -> None:
-    """AutoTVM's result of a failure holds (traceback, error) where its costs would be."""
-    from types import SimpleNamespace
+def test_autotvm_keeps_each_failures_cause_in_order(tuned, tmp_path) -> None:
+    """AutoTVM's result of a failure holds (traceback, error) where its costs would be; the
+    callback writes it beside the records, which the reader pairs with the failed one."""
+    from tvm.autotvm.measure import MeasureResult
+    from tvm.autotvm.record import decode
 
     from relay_tasks.adapters import autotvm
     from relay_tasks.adapters.base import read_causes
 
-    keep = autotvm._keep_causes(tmp_path)
-    failed = SimpleNamespace(error_no=6, costs=("Traceback ...", TimeoutError("build timed out")))
-    fine = SimpleNamespace(error_no=0, costs=(1e-5,))
-    keep(None, [], [fine, failed, fine])
+    inp, _ = decode((tuned["autotvm"] / "autotvm.log").read_text().splitlines()[0])
+    failed = MeasureResult(("Traceback ...", TimeoutError("build timed out")), 6, 0.1, 0)
+    fine = MeasureResult((1e-5,), 0, 0.1, 0)
+    autotvm._keep(tmp_path)(None, [inp] * 3, [fine, failed, fine])
     causes = read_causes(tmp_path / autotvm.ERRORS_FILE)
     assert next(causes) == "build timed out"
     assert next(causes) == "unknown error"  # past the causes kept
+    measured = autotvm.measurements(tmp_path)
+    assert [m.error for m in measured] == ["", "BUILD_TIMEOUT: build timed out", ""]

@@ -1,0 +1,282 @@
+"""Tuning judged by what it buys: upstream's own tuning loops against ``relay-tasks tune``.
+
+For each model, tuner and budget (valid measurements for ours, trials for upstream's loops,
+which count failed ones too), each side tunes in a fresh process and a work dir of its own,
+the sides alternating which goes first; then one process times every library built, with the
+same ``time_evaluator`` settings (``relay_tasks.tuning.compile.run``: 20 repeats of at least
+50 ms each), beside the untuned build.
+
+    python bench/tune.py                                   # dcgan, MetaSchedule, budget 64
+    python bench/tune.py --models dcgan resnet-18-112 bert-2 --tuners meta_schedule ansor \\
+        --budgets 64 128 256
+
+Upstream's loops, as their tutorials run them: MetaSchedule ``relay_integration.tune_relay``
+(gradient task scheduler) and ``compile_relay``; AutoTVM ``extract_from_program``, an
+``XGBTuner`` per task (``n_trial`` = budget / tasks, capped by its config space, early
+stopping at 600 as the tutorial has it) with ``LocalRunner``, then ``apply_history_best``;
+Ansor ``extract_tasks`` and its ``TaskScheduler`` (gradient, by weight), then
+``ApplyHistoryBest``. Ours: ``relay-tasks tune`` and ``relay-tasks compile``, each a whole
+process (Python's start and imports are in our tuning time, not in upstream's). Tuning time
+includes each side's task extraction.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+TUNERS = ("meta_schedule", "autotvm", "ansor")
+
+
+def _models(folder: Path) -> dict[str, list[str]]:
+    """Each bench model as ``relay-tasks`` arguments: a built-in name, or Relay text and
+    params written into ``folder``."""
+    from tvm.relay.testing import resnet
+
+    folder.mkdir(parents=True, exist_ok=True)
+    made = {"dcgan": ["dcgan"]}
+    resnet18, params = resnet.get_workload(num_layers=18, batch_size=1, image_shape=(3, 112, 112))
+    made["resnet-18-112"] = _write(folder / "resnet-18-112", resnet18, params)
+    made["bert-2"] = _write(folder / "bert-2", *_bert(2))
+    return made
+
+
+def _write(stem: Path, mod: Any, params: dict[str, Any]) -> list[str]:
+    from tvm import relay
+
+    text, weights = stem.with_suffix(".relay"), stem.with_suffix(".params")
+    text.write_text(mod.astext(show_meta_data=False))
+    weights.write_bytes(relay.save_param_dict(params))
+    return [str(text), "--params", str(weights)]
+
+
+def _bert(layers: int, seq: int = 64, hidden: int = 256, heads: int = 4) -> tuple[Any, Any]:
+    """A BERT-like encoder in Relay: attention and a feed-forward block per layer, seeded."""
+    import numpy as np
+    import tvm
+    from tvm import relay
+
+    rng = np.random.default_rng(0)
+    params: dict[str, Any] = {}
+
+    def weight(name: str, shape: tuple[int, ...]) -> Any:
+        params[name] = tvm.nd.array((rng.standard_normal(shape) * 0.05).astype("float32"))
+        return relay.var(name, shape=shape)
+
+    def dense(x: Any, name: str, units: int, width: int) -> Any:
+        return relay.nn.bias_add(relay.nn.dense(x, weight(f"{name}.w", (units, width))),
+                                 weight(f"{name}.b", (units,)))  # fmt: skip
+
+    def norm(x: Any, name: str) -> Any:
+        return relay.nn.layer_norm(
+            x, weight(f"{name}.g", (hidden,)), weight(f"{name}.b", (hidden,))
+        )
+
+    x = relay.var("input", shape=(seq, hidden))
+    h, size = x, hidden // heads
+    for i in range(layers):
+        q, k, v = (relay.transpose(relay.reshape(dense(h, f"l{i}.{n}", hidden, hidden),
+                                                 (seq, heads, size)), (1, 0, 2))
+                   for n in "qkv")  # fmt: skip
+        scores = relay.nn.softmax(relay.nn.batch_matmul(q, k) * relay.const(size**-0.5))
+        context = relay.nn.batch_matmul(scores, relay.transpose(v, (0, 2, 1)))
+        merged = relay.reshape(relay.transpose(context, (1, 0, 2)), (seq, hidden))
+        h = norm(h + dense(merged, f"l{i}.o", hidden, hidden), f"l{i}.n1")
+        up = dense(h, f"l{i}.f1", 4 * hidden, hidden)
+        inner = up * relay.const(0.5) * (relay.const(1.0) + relay.erf(up * relay.const(2**-0.5)))
+        h = norm(h + dense(inner, f"l{i}.f2", hidden, 4 * hidden), f"l{i}.n2")
+    free = relay.analysis.free_vars(h)
+    mod = tvm.IRModule.from_expr(relay.Function(free, h))
+    return relay.transform.InferType()(mod), params
+
+
+def _load(arguments: list[str]) -> tuple[Any, Any]:
+    from relay_tasks.loaders import load_model
+
+    if len(arguments) == 1:
+        return load_model(arguments[0])
+    return load_model(arguments[0], params=arguments[2])
+
+
+def _upstream(tuner: str, arguments: list[str], budget: int, work: Path) -> dict[str, Any]:
+    """Runs in a fresh process: upstream's loop, timed, then its build exported."""
+    import tvm
+    from tvm import relay
+
+    import relay_tasks  # sets the environment (no TopHub download)
+
+    mod, params = _load(arguments)
+    target = relay_tasks.host_target()
+    started = time.perf_counter()
+    if tuner == "meta_schedule":
+        import os
+
+        from tvm import meta_schedule as ms
+
+        ms_target = tvm.target.Target(f"{target} -num-cores {os.cpu_count()}")
+        database = ms.relay_integration.tune_relay(
+            mod=mod, params=params, target=ms_target, work_dir=str(work),
+            max_trials_global=budget,
+        )  # fmt: skip
+        tuned = time.perf_counter() - started
+        library = ms.relay_integration.compile_relay(database, mod, ms_target, params)
+        records = [r for r in database.get_all_tuning_records()]
+        valid = sum(1 for r in records if r.run_secs and float(r.run_secs[0]) < 1e9)
+        failed = len(records) - valid
+    elif tuner == "autotvm":
+        from tvm import autotvm
+
+        log = work / "autotvm.log"
+        tasks = autotvm.task.extract_from_program(mod["main"], target=target, params=params)
+        measure = autotvm.measure_option(
+            builder=autotvm.LocalBuilder(),
+            runner=autotvm.LocalRunner(number=1, repeat=10, min_repeat_ms=0,
+                                       enable_cpu_cache_flush=True),
+        )  # fmt: skip
+        for task in tasks:
+            tuner_obj = autotvm.tuner.XGBTuner(task, loss_type="reg")
+            tuner_obj.tune(
+                n_trial=min(max(1, budget // len(tasks)), len(task.config_space)),
+                early_stopping=600,
+                measure_option=measure,
+                callbacks=[autotvm.callback.log_to_file(str(log))],
+            )
+        tuned = time.perf_counter() - started
+        rows = [json.loads(line)["result"][1] for line in log.read_text().splitlines()] \
+            if log.exists() else []  # fmt: skip
+        valid, failed = rows.count(0), len(rows) - rows.count(0)
+        with autotvm.apply_history_best(str(log)), tvm.transform.PassContext(opt_level=3):
+            library = relay.build(mod, target=target, params=params)
+    else:
+        from tvm import auto_scheduler
+
+        log = work / "ansor.json"
+        tasks, weights = auto_scheduler.extract_tasks(mod["main"], params, target)
+        scheduler = auto_scheduler.TaskScheduler(tasks, weights)
+        scheduler.tune(auto_scheduler.TuningOptions(
+            num_measure_trials=budget,
+            runner=auto_scheduler.LocalRunner(repeat=10, enable_cpu_cache_flush=True),
+            measure_callbacks=[auto_scheduler.RecordToFile(str(log))],
+        ))  # fmt: skip
+        tuned = time.perf_counter() - started
+        rows = [json.loads(line)["r"][1] for line in log.read_text().splitlines()] \
+            if log.exists() else []  # fmt: skip
+        valid, failed = rows.count(0), len(rows) - rows.count(0)
+        config = {"relay.backend.use_auto_scheduler": True}
+        with (
+            auto_scheduler.ApplyHistoryBest(str(log)),
+            tvm.transform.PassContext(opt_level=3, config=config),
+        ):
+            library = relay.build(mod, target=target, params=params)
+    library.export_library(str(work / "model.so"))
+    return {"seconds": tuned, "valid": valid, "failed": failed}
+
+
+def _ours(tuner: str, arguments: list[str], budget: int, work: Path) -> dict[str, Any]:
+    """``relay-tasks tune`` then ``compile``, each a process of its own, as a user runs them."""
+    cli = [sys.executable, "-m", "relay_tasks.cli"]
+    started = time.perf_counter()
+    subprocess.run([*cli, "tune", *arguments, "--tuner", tuner, "--trials", str(budget),
+                    "--work-dir", str(work)], check=True, capture_output=True)  # fmt: skip
+    tuned = time.perf_counter() - started
+    subprocess.run([*cli, "compile", *arguments, "--work-dir", str(work), "-o",
+                    str(work / "model.so")], check=True, capture_output=True)  # fmt: skip
+    from relay_tasks.adapters import get_adapter
+
+    records = get_adapter(tuner).measurements(work)
+    valid = sum(1 for m in records if m.valid)
+    return {"seconds": tuned, "valid": valid, "failed": len(records) - valid}
+
+
+def _latencies(libraries: dict[str, Path], arguments: list[str]) -> dict[str, Any]:
+    """Every library of one model timed in one process, with the same settings and inputs."""
+    import tvm
+    from tvm import relay
+
+    import relay_tasks
+    from relay_tasks.tuning.compile import random_inputs, run
+
+    mod, params = _load(arguments)
+    with tempfile.TemporaryDirectory() as folder:
+        untuned = Path(folder) / "untuned.so"
+        with tvm.transform.PassContext(opt_level=3):
+            relay.build(mod, target=relay_tasks.host_target(), params=params).export_library(
+                str(untuned)
+            )
+        inputs = random_inputs(mod, params)
+        result = {}
+        for name, path in {"untuned": untuned, **libraries}.items():
+            timing = run(tvm.runtime.load_module(str(path)), inputs)
+            result[name] = [timing.seconds, *timing.spread]
+    return result
+
+
+def _child(argv: list[str]) -> None:
+    side, tuner, budget, work, arguments = argv[0], argv[1], int(argv[2]), Path(argv[3]), argv[4:]
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        result = (_upstream if side == "upstream" else _ours)(tuner, arguments, budget, work)
+    except Exception as err:  # a loop that fails on this TVM build: say how
+        result = {"error": f"{type(err).__name__}: {str(err).splitlines()[-1][:300]}"}
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+def _side(side: str, tuner: str, budget: int, work: Path, arguments: list[str]) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, __file__, "--child", side, tuner, str(budget), str(work), *arguments],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    if not lines:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"error": f"the process failed: {tail[:300]}"}
+    return json.loads(lines[-1][len("RESULT ") :])  # type: ignore[no-any-return]
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["--child"]:
+        _child(sys.argv[2:])
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["dcgan"])
+    parser.add_argument("--tuners", nargs="+", choices=TUNERS, default=["meta_schedule"])
+    parser.add_argument("--budgets", nargs="+", type=int, default=[64])
+    parser.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "tune-bench")
+    args = parser.parse_args()
+    models = _models(args.out / "models")
+    print("model           tuner          budget  side      tune s  valid  failed  valid/min  "
+          "latency ms (middle half)          untuned ms")  # fmt: skip
+    for model in args.models:
+        libraries: dict[str, Path] = {}
+        rows = []
+        for tuner in args.tuners:
+            for turn, budget in enumerate(args.budgets):
+                sides = ("upstream", "ours") if turn % 2 == 0 else ("ours", "upstream")
+                for side in sides:
+                    work = args.out / "runs" / f"{model}-{tuner}-{budget}-{side}"
+                    result = _side(side, tuner, budget, work, models[model])
+                    rows.append((tuner, budget, side, result))
+                    if "error" not in result:
+                        libraries[f"{tuner}-{budget}-{side}"] = work / "model.so"
+        timed = _latencies(libraries, models[model])
+        base = timed["untuned"]
+        for tuner, budget, side, result in rows:
+            head = f"{model:<15} {tuner:<14} {budget:>6}  {side:<8}"
+            if "error" in result:
+                print(f"{head}  failed: {result['error']}")
+                continue
+            median, low, high = timed[f"{tuner}-{budget}-{side}"]
+            rate = result["valid"] / (result["seconds"] / 60)
+            print(f"{head}  {result['seconds']:>6.1f}  {result['valid']:>5}  {result['failed']:>6}"
+                  f"  {rate:>9.1f}  {median * 1e3:.4g} ({low * 1e3:.4g}-{high * 1e3:.4g})"
+                  f"{'':<10}{base[0] * 1e3:.4g}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

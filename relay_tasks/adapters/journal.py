@@ -1,0 +1,140 @@
+"""Appending to a work dir that several tunes write at once: whole lines, under one lock.
+
+A work dir is a database several ``tune`` processes may share (one per model, say). Each
+tuner's own writer is unfit for that: AutoTVM's appends a batch through an 8 KiB buffer and
+Ansor's through a C++ stream, so two processes' lines can interleave mid-line; a record and its
+failure's cause go to two files, matched by order, which another writer can come between; and
+MetaSchedule's records point at workloads by line number, a number another writer can take
+first. So every write of records goes through :func:`append`: under an exclusive ``flock`` of
+the work dir's ``.lock``, each file gets its lines in one ``write``, the records and their
+causes together. The lock is held for the write only, and the kernel drops it with its holder,
+so a killed writer blocks nobody.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import BinaryIO
+
+from ..errors import DamagedRecordWarning, TuningError, warn
+from .base import Measurement, TunerTask, record_lines
+
+#: The lock file, in the work dir.
+LOCK_FILE = ".lock"
+#: What a set-aside line's file is called: the log's name and this suffix.
+DAMAGED_SUFFIX = ".damaged"
+
+
+@contextmanager
+def locked(work_dir: Path) -> Iterator[None]:
+    """Hold the work dir's lock exclusively (waiting for whoever holds it: writes are short)."""
+    path = work_dir / LOCK_FILE
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise TuningError(f"{path} is a symbolic link; remove it (a lock is never "
+                              "followed out of the work dir)") from err  # fmt: skip
+        raise TuningError(f"cannot lock {path}: {err.strerror}") from err
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing drops the lock
+
+
+def append(work_dir: Path, lines: Sequence[tuple[str, Sequence[str]]]) -> None:
+    """Append each ``(file name, lines)`` in ``work_dir``, all under the lock, each file's lines
+    in one write. A file whose last line a dead writer cut short gets that line set aside
+    first (see :func:`set_aside_cut_line`), so the cut never glues onto a record."""
+    with locked(work_dir):
+        write_locked(work_dir, lines)
+
+
+def adopt_lines(
+    log: str,
+    read: Callable[[Path], list[Measurement]],
+    tasks: Sequence[TunerTask],
+    source: Path,
+    work_dir: Path,
+) -> int:
+    """Copy the valid records of ``tasks`` from another work dir's ``log`` (each checked by
+    ``read``, the adapter's reader, as this work dir's are), leaving out lines already here;
+    returns how many were copied."""
+    keys = {t.key for t in tasks}
+    measured = read(source)
+    lines = [line for _, line in record_lines(source / log)]  # read after: a prefix is measured
+    have = {line for _, line in record_lines(work_dir / log)}
+    new = [line for line, m in zip(lines, measured, strict=False)
+           if m.valid and m.key in keys and line not in have]  # fmt: skip
+    new = list(dict.fromkeys(new))
+    append(work_dir, [(log, new)])
+    return len(new)
+
+
+def write_locked(work_dir: Path, lines: Sequence[tuple[str, Sequence[str]]]) -> None:
+    """:func:`append` for a caller already holding the lock (a second ``flock`` of the same
+    file from one process waits for the first)."""
+    for name, text in lines:
+        if not text:
+            continue
+        path = work_dir / name
+        set_aside_cut_line(path)
+        data = "".join(line.rstrip("\n") + "\n" for line in text).encode()
+        with open_appending(path) as handle:
+            fd = handle.fileno()
+            while data:  # one write, unless the disk fills (then its error is raised)
+                data = data[os.write(fd, data) :]
+
+
+def set_aside_cut_line(path: Path) -> None:
+    """Move a last line that a write cut short (every writer ends its lines; a line without
+    its newline is cut, unless it is a whole JSON record, which gets its newline) to
+    ``<name>.damaged``, warning once: the records before it are kept, and the cut one never
+    was one. Call it holding the lock, so that no writer is mid-line."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return
+    if not data or data.endswith(b"\n"):
+        return
+    start = data.rfind(b"\n") + 1
+    aside = path.with_name(path.name + DAMAGED_SUFFIX)
+    try:
+        if _is_json(data[start:]):
+            with open_appending(path) as handle:
+                handle.write(b"\n")
+            return
+        with open_appending(aside) as keep:
+            keep.write(data[start:] + b"\n")
+        os.truncate(path, start)
+    except OSError as err:
+        raise TuningError(f"cannot set aside the cut last line of {path}: {err.strerror}") from err
+    number = data.count(b"\n", 0, start) + 1
+    warn(
+        f"{path}, line {number}: cut short (a crash or a full disk "
+        f"while it was written); set aside in {aside.name}, the records before it are kept",
+        DamagedRecordWarning,
+    )
+
+
+def _is_json(line: bytes) -> bool:
+    try:
+        json.loads(line)
+    except (ValueError, RecursionError):
+        return False
+    return True
+
+
+def open_appending(path: Path) -> BinaryIO:
+    """``path`` opened to append to, created if missing; a symbolic link there raises
+    ``OSError`` (ELOOP) instead of being followed: a work dir from elsewhere could point a log at
+    any file of the user's."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    return os.fdopen(fd, "ab")

@@ -1,0 +1,230 @@
+"""A work dir shared: tunes of several models at once, each with its own budget and records,
+status showing which models each task serves; and a worker whose supervisor was killed stops
+by itself."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relay
+
+from relay_tasks.adapters.journal import LOCK_FILE
+from relay_tasks.cli import main
+from relay_tasks.tuning.tune import file_tasks
+
+from tuned_models import (
+    TUNERS,
+    raw_measurements,
+    tiny_weight,
+    tune_argv,
+    valid_count,
+    write_other,
+)
+
+
+def _copy(tuned: dict[str, Path], tuner: str, tmp_path: Path) -> Path:
+    work = tmp_path / "work"
+    shutil.copytree(tuned[tuner], work)
+    return work
+
+
+def _tune(model: tuple[Path, Path], work: Path, trials: int) -> subprocess.Popen[bytes]:
+    command = [sys.executable, "-m", "relay_tasks.cli",
+               *tune_argv(model, "meta_schedule", work, trials)]  # fmt: skip
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def _valid_line(out: str) -> str:
+    return next(line for line in out.splitlines() if "valid measurements" in line)
+
+
+def test_tunes_of_two_models_share_a_work_dir_at_once(tiny, tmp_path, capsys) -> None:
+    """Both tunes run at once into one work dir: each reaches its budget with its own records,
+    every record is read back under its own workload, a compile runs meanwhile, and status
+    shows which model each task serves."""
+    work, other = tmp_path / "work", write_other(tmp_path)
+    tunes = [_tune(tiny, work, 6), _tune(other, work, 6)]
+    while (work / "database_tuning_record.json").exists() is False and tunes[0].poll() is None:
+        time.sleep(0.2)
+    text, params = tiny
+    compiled = ["compile", str(text), "--params", str(params), "--work-dir", str(work),
+                "-o", str(tmp_path / "m.tar")]  # fmt: skip
+    assert main(compiled) == 0  # reading while both write
+    for process in tunes:
+        _, err = process.communicate(timeout=600)
+        assert process.returncode == 0, err.decode()
+    capsys.readouterr()
+    for model in (tiny, other):
+        argv = ["status", str(model[0]), "--params", str(model[1]), "--work-dir", str(work)]
+        assert main(argv) == 0
+        valid = int(_valid_line(capsys.readouterr().out).split()[0])
+        assert valid >= 6
+    assert main(["status", "--work-dir", str(work)]) == 0
+    out = capsys.readouterr().out
+    header, *rows = out.splitlines()[:3]
+    assert header.split()[-1] == "models"
+    served = {row.split()[1]: row.split()[-1] for row in rows}  # the tunes' order varies
+    assert served == {"fused_nn_dense_nn_relu": str(text), "fused_nn_dense": str(other[0])}
+    counted = _valid_line(out).replace(",", "").split()
+    total = int(counted[0]) + (int(counted[3]) if "failed" in counted else 0)
+    lines = (work / "database_tuning_record.json").read_text().splitlines()
+    assert total == len(lines) == len(raw_measurements(work, "meta_schedule"))
+    assert len((work / "database_workload.json").read_text().splitlines()) == 2
+
+
+def test_a_lock_file_that_is_a_link_is_not_followed(tiny, tuned, tmp_path, capsys) -> None:
+    work, elsewhere = _copy(tuned, "ansor", tmp_path), tmp_path / "elsewhere"
+    elsewhere.write_text("keep")
+    (work / LOCK_FILE).unlink(missing_ok=True)
+    (work / LOCK_FILE).symlink_to(elsewhere)
+    assert main(tune_argv(tiny, "ansor", work, 3)) == 7
+    assert "is a symbolic link; remove it" in capsys.readouterr().err
+    assert elsewhere.read_text() == "keep"
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every process whose parent chain reaches ``pid``, and every process of the sessions of
+    its children (the worker's builders and runners)."""
+    parents: dict[int, int] = {}
+    sessions: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        pid_of = int(stat.parent.name)
+        parents[pid_of], sessions[pid_of] = int(fields[1]), int(fields[4])
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {p for p, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found | {p for p, sid in sessions.items() if sid in found}
+
+
+def _alive(pids: set[int]) -> set[int]:
+    alive = set()
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            alive.add(pid)
+    return alive
+
+
+@pytest.mark.parametrize("tuner", ["meta_schedule"])
+def test_a_killed_supervisors_worker_stops_and_the_tune_resumes(tuner, tiny, tmp_path):
+    work = tmp_path / "work"
+    command = [sys.executable, "-m", "relay_tasks.cli", *tune_argv(tiny, tuner, work, 500)]
+    supervisor = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 240
+    while not raw_measurements_or_none(work, tuner):
+        assert supervisor.poll() is None and time.monotonic() < deadline
+        time.sleep(0.5)
+    tuning = _descendants(supervisor.pid)
+    assert tuning, "the worker runs in a child process"
+    supervisor.kill()
+    supervisor.wait()
+    deadline = time.monotonic() + 15
+    while _alive(tuning) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _alive(tuning) == set()
+    kept = valid_count(work, tuner)
+    assert kept >= 1
+    assert main(tune_argv(tiny, tuner, work, kept + 1)) == 0
+    assert valid_count(work, tuner) == kept + 1
+
+
+def raw_measurements_or_none(work: Path, tuner: str) -> list:
+    try:
+        return [r for r in raw_measurements(work, tuner) if r[1] is not None]
+    except (FileNotFoundError, ValueError, IndexError):
+        return []
+
+
+def test_stopping_the_worker_group_is_what_the_watch_does(monkeypatch) -> None:
+    """The watch thread ends the worker's process group once its parent changes."""
+    from relay_tasks.tuning import worker
+
+    killed: list[tuple[int, int]] = []
+    monkeypatch.setattr(worker, "PARENT_POLL", 0.01)
+    monkeypatch.setattr(os, "killpg", lambda group, number: killed.append((group, number)))
+    worker.watch_parent(os.getppid() + 1)  # not our parent: the watch fires at once
+    deadline = time.monotonic() + 5
+    while not killed and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert killed == [(os.getpgrp(), signal.SIGKILL)]
+
+
+@pytest.mark.parametrize("tuner", TUNERS)
+def test_reuse_copies_the_records_of_equal_tasks_once_and_tunes_nothing_again(
+    tuner, tiny, tuned, tmp_path, capsys
+) -> None:
+    work = tmp_path / "work"
+    argv = [*tune_argv(tiny, tuner, work, 3), "--reuse", str(tuned[tuner])]
+    for copied in (3, 0):  # the second time copies nothing more
+        assert main(argv) == 0
+        assert valid_count(work, tuner) == valid_count(tuned[tuner], tuner) == 3
+        said = re.search(r"reusing the records of (\d+) of (\d+) tasks \((\d+) copied\)",
+                         capsys.readouterr().err)  # fmt: skip
+        assert said and said[1] == said[2] and int(said[3]) == copied  # every task reused
+    assert not (work / "tune.log").exists()  # no tuner ran
+    source = [s for _, s in raw_measurements(tuned[tuner], tuner) if s is not None]
+    assert sorted(s for _, s in raw_measurements(work, tuner) if s is not None) == sorted(source)
+
+
+def test_reuse_tunes_only_the_tasks_no_other_work_dir_has(tiny, tuned, tmp_path, capsys) -> None:
+    """A model with the tiny model's task and another: only the other one is measured."""
+    data = relay.var("data", shape=(1, 32))
+    w, v = relay.var("w", shape=(16, 32)), relay.var("v", shape=(8, 32))
+    body = relay.Tuple([relay.nn.relu(relay.nn.dense(data, w)), relay.nn.dense(data, v)])
+    text, params = tmp_path / "both.relay", tmp_path / "both.params"
+    text.write_text(tvm.IRModule.from_expr(relay.Function([data, w, v], body)).astext())
+    weights = {"w": tvm.nd.array(tiny_weight()), "v": tvm.nd.array(np.ones((8, 32), "float32"))}
+    params.write_bytes(relay.save_param_dict(weights))
+    work = tmp_path / "work"
+    argv = [
+        *tune_argv((text, params), "meta_schedule", work, 2),
+        "--reuse",
+        str(tuned["meta_schedule"]),
+    ]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    rows = {line.split()[1]: line.split() for line in out.splitlines()[1:3]}
+    assert rows["fused_nn_dense_nn_relu"][5] == "3"  # reused: its 3 valid records, no new one
+    assert int(rows["fused_nn_dense"][5]) >= 2  # the budget went to the other task
+
+
+@pytest.mark.parametrize(
+    ("source", "problem"),
+    [("missing", "is not a relay-tasks work dir"), ("ansor", "holds ansor records for")],
+)
+def test_reuse_of_what_is_no_work_dir_of_this_tuning_is_refused(
+    source, problem, tiny, tuned, tmp_path, capsys
+) -> None:
+    reuse = str(tuned.get(source, tmp_path / source))
+    assert main([*tune_argv(tiny, "meta_schedule", tmp_path / "w", 3), "--reuse", reuse]) == 2
+    err = capsys.readouterr().err
+    assert problem in err and len(err.splitlines()) == 1
+
+
+def test_a_tune_of_models_including_an_earlier_ones_replaces_its_task_file(tmp_path) -> None:
+    """The work dir's tasks count each model once: tuning [a, b] after [a] and [b] leaves one
+    task file, a later [c] a second."""
+    for models in (["a"], ["b"], ["a", "b"], ["c"]):
+        file_tasks(tmp_path, {"models": models})
+    kept = sorted(json.loads(p.read_text())["models"] for p in (tmp_path / "tunes").iterdir())
+    assert kept == [["a", "b"], ["c"]]
+    assert json.loads((tmp_path / "tasks.json").read_text())["models"] == ["c"]
