@@ -2,13 +2,22 @@
 
 For each model, tuner and budget (valid measurements for ours, trials for upstream's loops,
 which count failed ones too), each side tunes in a fresh process and a work dir of its own,
-the sides alternating which goes first; then one process times every library built, with the
+the sides alternating which goes first, while this process reads the side's records every 5 s
+(relay-tasks' readers: upstream's loops write the same formats) for the model latency they
+estimate (each task's best record or, where faster or not measured yet, its default schedule,
+measured once here for both sides); then one process times every library built, with the
 same ``time_evaluator`` settings (``relay_tasks.tuning.compile.run``: 20 repeats of at least
-50 ms each), beside the untuned build.
+50 ms each), beside the untuned build. hhb-tvm does not register the tensor intrinsics
+MetaSchedule's own x86 rules look up, so upstream's ``tune_relay`` fails at once on it; the
+bench registers them first (as relay-tasks does), as a user of this build would have to.
 
     python bench/tune.py                                   # dcgan, MetaSchedule, budget 64
     python bench/tune.py --models dcgan resnet-18-112 bert-2 --tuners meta_schedule ansor \\
         --budgets 64 128 256
+
+It prints a table and draws, per model and tuner, the estimated latency against tuning wall
+time for every run, each run's measured latency where its tuning ended, and the untuned
+latency (``--out``/``MODEL-TUNER.png``).
 
 Upstream's loops, as their tutorials run them: MetaSchedule ``relay_integration.tune_relay``
 (gradient task scheduler) and ``compile_relay``; AutoTVM ``extract_from_program``, an
@@ -24,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -115,10 +125,15 @@ def _upstream(tuner: str, arguments: list[str], budget: int, work: Path) -> dict
     target = relay_tasks.host_target()
     started = time.perf_counter()
     if tuner == "meta_schedule":
+        import importlib
         import os
 
         from tvm import meta_schedule as ms
 
+        # hhb-tvm does not register the tensor intrinsics its own schedule rules look up:
+        # tune_relay fails at once ("TensorIntrin 'dot_16x4_vnni' is not registered") without.
+        for name in ("arm_cpu", "cuda", "rocm", "x86"):
+            importlib.import_module(f"tvm.tir.tensor_intrin.{name}")
         ms_target = tvm.target.Target(f"{target} -num-cores {os.cpu_count()}")
         database = ms.relay_integration.tune_relay(
             mod=mod, params=params, target=ms_target, work_dir=str(work),
@@ -182,16 +197,39 @@ def _ours(tuner: str, arguments: list[str], budget: int, work: Path) -> dict[str
     """``relay-tasks tune`` then ``compile``, each a process of its own, as a user runs them."""
     cli = [sys.executable, "-m", "relay_tasks.cli"]
     started = time.perf_counter()
-    subprocess.run([*cli, "tune", *arguments, "--tuner", tuner, "--trials", str(budget),
-                    "--work-dir", str(work)], check=True, capture_output=True)  # fmt: skip
+    _cli([*cli, "tune", *arguments, "--tuner", tuner, "--trials", str(budget), "--work-dir",
+          str(work)])  # fmt: skip
     tuned = time.perf_counter() - started
-    subprocess.run([*cli, "compile", *arguments, "--work-dir", str(work), "-o",
-                    str(work / "model.so")], check=True, capture_output=True)  # fmt: skip
+    _cli([*cli, "compile", *arguments, "--work-dir", str(work), "-o", str(work / "model.so")])
     from relay_tasks.adapters import get_adapter
 
     records = get_adapter(tuner).measurements(work)
     valid = sum(1 for m in records if m.valid)
     return {"seconds": tuned, "valid": valid, "failed": len(records) - valid}
+
+
+def _tasks(tuner: str, arguments: list[str]) -> list[Any]:
+    """The model's tasks, extracted here: their weights turn records into an estimate."""
+    import relay_tasks
+
+    mod, params = _load(arguments)
+    return relay_tasks.extract(mod, relay_tasks.host_target(), params, tuner=tuner)
+
+
+def _defaults(tasks: list[Any], folder: Path) -> dict[str, float]:
+    """Each task's default-schedule latency, measured here once for both sides' estimates."""
+    import relay_tasks
+    from relay_tasks.tuning.defaults import measure_defaults, read_defaults
+
+    folder.mkdir(parents=True, exist_ok=True)
+    measure_defaults(tasks, relay_tasks.host_target(), folder)
+    return read_defaults(folder)
+
+
+def _cli(command: list[str]) -> None:
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError((done.stderr.strip().splitlines() or ["no output"])[-1])
 
 
 def _latencies(libraries: dict[str, Path], arguments: list[str]) -> dict[str, Any]:
@@ -227,28 +265,95 @@ def _child(argv: list[str]) -> None:
     print("RESULT " + json.dumps(result), flush=True)
 
 
-def _side(side: str, tuner: str, budget: int, work: Path, arguments: list[str]) -> dict[str, Any]:
-    done = subprocess.run(
-        [sys.executable, __file__, "--child", side, tuner, str(budget), str(work), *arguments],
-        capture_output=True, text=True,
-    )  # fmt: skip
-    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-    if not lines:
-        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        return {"error": f"the process failed: {tail[:300]}"}
-    return json.loads(lines[-1][len("RESULT ") :])  # type: ignore[no-any-return]
+def _side(
+    side: str,
+    tuner: str,
+    budget: int,
+    work: Path,
+    arguments: list[str],
+    tasks: list[Any],
+    defaults: dict[str, float],
+) -> dict[str, Any]:
+    """One side in a fresh process; every ``SAMPLE`` seconds, the model latency its records
+    estimate so far (read with relay-tasks' readers: upstream's loops write the same formats)."""
+    from relay_tasks.adapters import get_adapter
+    from relay_tasks.tuning import standing
+
+    adapter = get_adapter(tuner)
+    command = [sys.executable, __file__, "--child", side, tuner, str(budget), str(work), *arguments]
+    started = time.perf_counter()
+    curve: list[tuple[float, float]] = []
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        child = subprocess.Popen(command, stdout=out, stderr=err, text=True)
+        while child.poll() is None:
+            time.sleep(SAMPLE)
+            try:
+                estimate = standing(tasks, adapter.measurements(work), defaults).latency
+            except Exception:  # a log being written, or a work dir not there yet
+                continue
+            if estimate is not None:
+                curve.append((time.perf_counter() - started, estimate))
+        out.seek(0)
+        err.seek(0)
+        lines = [line for line in out.read().splitlines() if line.startswith("RESULT ")]
+        if not lines:
+            tail = (err.read().strip().splitlines() or ["no output"])[-1]
+            return {"error": f"the process failed: {tail[:300]}"}
+    result: dict[str, Any] = json.loads(lines[-1][len("RESULT ") :])
+    result["curve"] = curve
+    return result
+
+
+#: Seconds between two looks at a side's records.
+SAMPLE = 5.0
+
+
+def _plot(path: Path, title: str, rows: list[Any], timed: dict[str, Any]) -> None:
+    """Estimated latency against tuning wall time for every run, each run's measured latency
+    where its tuning ended, and the untuned latency."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
+
+    figure, axes = pyplot.subplots(figsize=(9, 5))
+    for tuner, budget, side, result in rows:
+        if "error" in result:
+            continue
+        label = f"{side} {tuner} {budget}"
+        line = None
+        if result["curve"]:
+            xs, ys = zip(*result["curve"], strict=True)
+            (line,) = axes.step(xs, [y * 1e3 for y in ys], where="post", label=f"{label} (est.)")
+        measured = timed[f"{tuner}-{budget}-{side}"][0] * 1e3
+        axes.plot([result["seconds"]], [measured], "o", color=line.get_color() if line else None,
+                  label=f"{label} (measured)")  # fmt: skip
+    axes.axhline(timed["untuned"][0] * 1e3, color="grey", linestyle="--", label="untuned")
+    axes.set(xlabel="tuning wall time (s)", ylabel="model latency (ms)", title=title)
+    axes.legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(path)
+    pyplot.close(figure)
+
+
+#: The bench's models (see :func:`_models`).
+MODELS = ("dcgan", "resnet-18-112", "bert-2")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--models", nargs="+", choices=MODELS, default=["dcgan"])
+    parser.add_argument("--tuners", nargs="+", choices=TUNERS, default=["meta_schedule"])
+    parser.add_argument("--budgets", nargs="+", type=int, default=[64])
+    parser.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "tune-bench")
+    return parser
 
 
 def main() -> None:
     if sys.argv[1:2] == ["--child"]:
         _child(sys.argv[2:])
         return
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=["dcgan"])
-    parser.add_argument("--tuners", nargs="+", choices=TUNERS, default=["meta_schedule"])
-    parser.add_argument("--budgets", nargs="+", type=int, default=[64])
-    parser.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "tune-bench")
-    args = parser.parse_args()
+    args = build_parser().parse_args()
     models = _models(args.out / "models")
     print("model           tuner          budget  side      tune s  valid  failed  valid/min  "
           "latency ms (middle half)          untuned ms")  # fmt: skip
@@ -256,16 +361,22 @@ def main() -> None:
         libraries: dict[str, Path] = {}
         rows = []
         for tuner in args.tuners:
+            tasks = _tasks(tuner, models[model])
+            defaults = _defaults(tasks, args.out / "defaults" / f"{model}-{tuner}")
             for turn, budget in enumerate(args.budgets):
                 sides = ("upstream", "ours") if turn % 2 == 0 else ("ours", "upstream")
                 for side in sides:
                     work = args.out / "runs" / f"{model}-{tuner}-{budget}-{side}"
-                    result = _side(side, tuner, budget, work, models[model])
+                    shutil.rmtree(work, ignore_errors=True)
+                    result = _side(side, tuner, budget, work, models[model], tasks, defaults)
                     rows.append((tuner, budget, side, result))
                     if "error" not in result:
                         libraries[f"{tuner}-{budget}-{side}"] = work / "model.so"
         timed = _latencies(libraries, models[model])
         base = timed["untuned"]
+        for tuner in args.tuners:
+            mine = [row for row in rows if row[0] == tuner]
+            _plot(args.out / f"{model}-{tuner}.png", f"{model}, {tuner}", mine, timed)
         for tuner, budget, side, result in rows:
             head = f"{model:<15} {tuner:<14} {budget:>6}  {side:<8}"
             if "error" in result:

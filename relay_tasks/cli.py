@@ -319,6 +319,7 @@ def _tune(args: argparse.Namespace) -> int:
 def _status_verb(args: argparse.Namespace) -> int:
     from .api import extract_models
     from .tuning import standing
+    from .tuning.defaults import read_defaults
     from .tuning.status import format_status, plot, task_flops
     from .tuning.tune import tasks_in
 
@@ -331,7 +332,7 @@ def _status_verb(args: argparse.Namespace) -> int:
     else:
         tasks = tuned.tasks
     records = adapter.measurements(folder)
-    now = standing(tasks, records)
+    now = standing(tasks, records, read_defaults(folder))
     print(format_status(now, task_flops(adapter, tasks)))
     if args.plot:
         plot(args.plot, now, records)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 from pathlib import Path
+from typing import Any
 
 from tuned_models import write_tiny
 from zoo import X86
@@ -22,10 +23,19 @@ def test_dev_keeps_the_callers_directory(tmp_path: Path) -> None:
     ] == "fused_nn_dense_nn_relu"
 
 
+def _module(path: Path) -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"bench_{path.stem}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_the_docs_bench_commands_are_the_bench_s_options() -> None:
     """Every ``./dev bench`` line a document shows parses with the bench's own parser, and its
     models are bench models, built-in models or files (an option renamed on one side shows)."""
-    import importlib.util
     import re
     import shlex
     import sys
@@ -33,12 +43,7 @@ def test_the_docs_bench_commands_are_the_bench_s_options() -> None:
     repo = Path(__file__).resolve().parent.parent
     sys.path.insert(0, str(repo / "bench"))
     try:
-        spec = importlib.util.spec_from_file_location(
-            "bench_extract", repo / "bench" / "extract.py"
-        )
-        assert spec is not None and spec.loader is not None
-        bench = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(bench)
+        bench, tuning = (_module(repo / "bench" / f"{name}.py") for name in ("extract", "tune"))
         from models import BENCH_MODELS
     finally:
         sys.path.remove(str(repo / "bench"))
@@ -52,6 +57,10 @@ def test_the_docs_bench_commands_are_the_bench_s_options() -> None:
     ]
     assert len(commands) >= 4
     for command in commands:
-        args = bench.build_parser().parse_args(shlex.split(command, comments=True))
+        words = shlex.split(command, comments=True)
+        if words[:1] == ["--tune"]:  # bench/tune.py: its parser checks its models
+            tuning.build_parser().parse_args(words[1:])
+            continue
+        args = bench.build_parser().parse_args(words)
         for model in args.models or bench.DEFAULT_MODELS:
             assert model in BENCH_MODELS or model in MODELS or "." in model, (command, model)

@@ -60,7 +60,7 @@ from .base import (
     valid_for,
 )
 from .functions import read_source, source_data
-from .journal import adopt_lines, append
+from .journal import adopt_lines, append, records_of
 from .records import ansor_problem
 
 NAME = "ansor"
@@ -220,7 +220,7 @@ def tune(
             runner=_runner(runner),
             measure_callbacks=[_Keep(work_dir)],
         ),
-        search_policy_params=_search(budget),
+        search_policy_params=_search(max(1, budget // len(tasks))),
     )
 
 
@@ -283,11 +283,12 @@ def measurements(work_dir: Path) -> list[Measurement]:
             error_no = int(res.error_no)
         except Exception as err:  # TVM's record reader raises TVMError on what it cannot read
             raise damaged(log, number, describe_failure(err)) from err
+        at = float(res.timestamp)
         if error_no == 0 and costs:
-            result.append(Measurement(task_key, sum(costs) / len(costs)))
+            result.append(Measurement(task_key, sum(costs) / len(costs), at=at))
         else:
             name = codes.get(error_no, f"error {error_no}")
-            result.append(Measurement(task_key, None, f"{name}: {next(causes)}"))
+            result.append(Measurement(task_key, None, f"{name}: {next(causes)}", at))
     return result
 
 
@@ -296,8 +297,10 @@ def flops(task: auto_scheduler.SearchTask) -> float:
 
 
 def build(mod: Any, target: Target, params: Any, work_dir: Path, tasks: Sequence[TunerTask]) -> Any:
-    """``relay.build`` with the log's best states applied, as upstream's tutorial builds."""
-    records = auto_scheduler.ApplyHistoryBest(str(work_dir / LOG))
+    """``relay.build`` with the log's best states of ``tasks`` applied, as upstream's tutorial
+    builds (the other tasks keep TVM's default schedules)."""
+    with records_of(LOG, measurements, tasks, work_dir) as log:
+        records = auto_scheduler.ApplyHistoryBest(str(log))
     with records, tvm.transform.PassContext(opt_level=3, config=PASS_CONFIG):
         return relay.build(mod, target=target, params=params)
 

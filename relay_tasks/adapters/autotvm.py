@@ -51,7 +51,7 @@ from .base import (
     record_lines,
 )
 from .functions import only_fields, read_dtype, read_shape, read_source, source_data
-from .journal import adopt_lines, append
+from .journal import adopt_lines, append, records_of
 from .records import autotvm_problem
 
 NAME = "autotvm"
@@ -504,9 +504,11 @@ def measurements(work_dir: Path) -> list[Measurement]:
             task_key = key(inp.task)
             seconds = sum(res.costs) / len(res.costs) if res.error_no == 0 else None
             error = "" if res.error_no == 0 else autotvm.measure.MeasureErrorNo(res.error_no).name
+            at = float(res.timestamp)
         except Exception as err:  # AutoTVM's decoder raises what the line's fields make it raise
             raise damaged(log, number, describe_failure(err)) from err
-        result.append(Measurement(task_key, seconds, f"{error}: {next(causes)}" if error else ""))
+        cause = f"{error}: {next(causes)}" if error else ""
+        result.append(Measurement(task_key, seconds, cause, at))
     return result
 
 
@@ -517,11 +519,13 @@ def flops(task: autotvm.task.Task) -> float:
 
 
 def build(mod: Any, target: Target, params: Any, work_dir: Path, tasks: Sequence[TunerTask]) -> Any:
-    """``relay.build`` with the log's best configs dispatched to every template."""
+    """``relay.build`` with the log's best configs of ``tasks`` dispatched to their templates
+    (the others keep their fallback configs)."""
     import tvm
     from tvm import relay
 
-    records = autotvm.apply_history_best(str(work_dir / LOG))
+    with records_of(LOG, measurements, tasks, work_dir) as log:
+        records = autotvm.apply_history_best(str(log))
     with records, tvm.transform.PassContext(opt_level=3):
         return relay.build(mod, target=target, params=params)
 

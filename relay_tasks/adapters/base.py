@@ -48,6 +48,7 @@ class Measurement:
     key: str
     seconds: float | None
     error: str = ""
+    at: float | None = None  # when it was measured (Unix time), where the records say
 
     @property
     def valid(self) -> bool:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import json
 import struct
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -36,6 +37,8 @@ WORKLOADS = "database_workload.json"
 RECORDS = "database_tuning_record.json"
 #: The causes of failed measurements, one a line (a record keeps only its failure's 1e10 s).
 ERRORS = "meta_schedule_errors.jsonl"
+#: When each record was measured, a line each in the records' order (a record has no time).
+TIMES = "meta_schedule_times.jsonl"
 
 
 def workload_key(mod: IRModule) -> str:
@@ -146,7 +149,7 @@ class WorkDatabase:
         copied = 0
         for entry in read_records(source)[1]:
             if entry.key in self.modules and _measured(entry) and _same(entry) not in have:
-                self._file(self._load(entry, source))
+                self._file(self._load(entry, source), measured=False)
                 have.add(_same(entry))
                 copied += 1
         return copied
@@ -157,23 +160,40 @@ class WorkDatabase:
         self.memory.commit_tuning_record(record)
         self._file(record, cause)
 
-    def _file(self, record: Any, cause: str | None = None) -> None:
+    def _file(self, record: Any, cause: str | None = None, *, measured: bool = True) -> None:
+        """Append ``record`` (with its time, when measured now; a copied one has none)."""
+        stamp = [_dumps({"t": time.time() if measured else None})]
         mod = record.workload.mod
         key = workload_key(mod)
         line = _dumps(_plain(_AS_JSON(record)))
         causes = cause_lines([cause] if cause is not None else [])
         with locked(self.work_dir):
             self._number(self._filed_since())
-            workload = []
             if key not in self.lines:
                 saved = tvm.ir.save_json(mod).encode()  # as a length-prefixed string, as TVM does
                 text = base64.b64encode(struct.pack("<Q", len(saved)) + saved).decode()
-                workload = [_dumps([str(int(key, 16)), text])]
-                self._number([key])
+                write_locked(self.work_dir, [(WORKLOADS, [_dumps([str(int(key, 16)), text])])])
+                self._number(self._filed_since())  # the line just written, numbered as read
             record_line = f"[{self.lines[key]},{line}]"
             write_locked(
-                self.work_dir, [(WORKLOADS, workload), (RECORDS, [record_line]), (ERRORS, causes)]
+                self.work_dir, [(RECORDS, [record_line]), (ERRORS, causes), (TIMES, stamp)]
             )
+
+
+def read_times(work_dir: Path, records: int) -> list[float | None]:
+    """When each of ``records`` records was measured, in their order. Records of
+    MetaSchedule's own writer (a work dir from before the times were kept) have none and come
+    first, so the times are the last records'; a record copied from another work dir has
+    none either."""
+    times: list[float | None] = []
+    for _, line in record_lines(work_dir / TIMES):
+        stamp = json.loads(line)
+        value = stamp.get("t") if isinstance(stamp, dict) else None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            value = None
+        times.append(value if value is None else float(value))
+    untimed = max(0, records - len(times))
+    return [None] * untimed + times[: records - untimed]
 
 
 def _same(entry: Entry) -> str:

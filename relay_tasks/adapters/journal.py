@@ -17,6 +17,7 @@ import errno
 import fcntl
 import json
 import os
+import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -76,6 +77,23 @@ def adopt_lines(
     new = list(dict.fromkeys(new))
     append(work_dir, [(log, new)])
     return len(new)
+
+
+@contextmanager
+def records_of(
+    log: str, read: Callable[[Path], list[Measurement]], tasks: Sequence[TunerTask], work_dir: Path
+) -> Iterator[Path]:
+    """A temporary copy of ``log`` holding only the records of ``tasks`` (each checked by
+    ``read``, the adapter's reader): what a build applies, where the tuner's own dispatcher
+    would take every record of the log."""
+    keys = {t.key for t in tasks}
+    measured = read(work_dir)
+    lines = [line for _, line in record_lines(work_dir / log)]
+    with tempfile.TemporaryDirectory(prefix="relay-tasks-records-") as folder:
+        path = Path(folder) / log
+        path.write_text("".join(line + "\n" for line, m in zip(lines, measured, strict=False)
+                                if m.key in keys))  # fmt: skip
+        yield path
 
 
 def write_locked(work_dir: Path, lines: Sequence[tuple[str, Sequence[str]]]) -> None:

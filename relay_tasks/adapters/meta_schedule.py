@@ -41,7 +41,16 @@ from .base import (
     read_causes,
     valid_for,
 )
-from .database import ERRORS, RECORDS, WORKLOADS, WorkDatabase, read_records, workload_key
+from .database import (
+    ERRORS,
+    RECORDS,
+    TIMES,
+    WORKLOADS,
+    WorkDatabase,
+    read_records,
+    read_times,
+    workload_key,
+)
 from .functions import read_source, source_data
 
 NAME = "meta_schedule"
@@ -285,7 +294,7 @@ def tune(
             mod=t.native.dispatched[0],
             target=target,
             space_generator="post-order-apply",
-            search_strategy=_search(budget),
+            search_strategy=_search(max(1, budget // len(tasks))),
             task_name=t.native.task_name,
             logger=logger,
             rand_state=seed,
@@ -407,8 +416,10 @@ def measurements(work_dir: Path) -> list[Measurement]:
     if not (work_dir / RECORDS).exists():
         return []
     errors = read_causes(work_dir / ERRORS)
+    entries = read_records(work_dir)[1]
+    times = read_times(work_dir, len(entries))
     result = []
-    for entry in read_records(work_dir)[1]:
+    for entry, at in zip(entries, times, strict=True):
         run_secs = entry.run_secs
         try:
             seconds = sum(run_secs) / len(run_secs) if run_secs else None
@@ -416,7 +427,7 @@ def measurements(work_dir: Path) -> list[Measurement]:
             raise damaged(work_dir / RECORDS, entry.number, f"{type(err).__name__}: {err}") from err
         failed = seconds is None or seconds >= 1e9  # MetaSchedule's mark of a failed run
         error = next(errors) if failed else ""
-        result.append(Measurement(entry.key, None if failed else seconds, error))
+        result.append(Measurement(entry.key, None if failed else seconds, error, at))
     return result
 
 
@@ -467,7 +478,7 @@ def _runner(runner: Runner) -> Any:
 
 #: The JSON database (workloads, a task's TIR a line, and records pointing into them) and the
 #: failures' causes.
-LOGS = (WORKLOADS, RECORDS, ERRORS)
+LOGS = (WORKLOADS, RECORDS, ERRORS, TIMES)
 
 
 def adopt(tasks: Sequence[TunerTask], source: Path, work_dir: Path) -> int:

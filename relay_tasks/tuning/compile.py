@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,7 @@ import numpy as np
 
 from ..adapters import Adapter, TunerTask, get_adapter
 from ..errors import ModelError, TuningError, UsageError, describe_failure
+from .defaults import read_defaults
 from .records import standing
 from .tune import tuned_for
 
@@ -28,35 +29,48 @@ class Plan:
     target: Any
     tasks: list[TunerTask]
     tuned: list[TunerTask]
+    #: Tasks with records whose best is slower than TVM's default schedule (built with that).
+    slower: list[TunerTask] = field(default_factory=list)
 
     @property
     def missing(self) -> list[TunerTask]:
         return [t for t in self.tasks if t not in self.tuned]
 
+    @property
+    def applied(self) -> list[TunerTask]:
+        """The tasks built with their records."""
+        return [t for t in self.tuned if t not in self.slower]
+
     def describe(self) -> str:
         line = f"the records cover {len(self.tuned)} of the model's {len(self.tasks)} tasks"
-        if not self.missing:
-            return line
-        names = ", ".join(t.name for t in self.missing)
-        return f"{line}; not tuned (built with default schedules): {names}"
+        if self.missing:
+            names = ", ".join(t.name for t in self.missing)
+            line += f"; not tuned (built with default schedules): {names}"
+        if self.slower:
+            names = ", ".join(t.name for t in self.slower)
+            line += f"; slower than TVM's default schedule (built with it): {names}"
+        return line
 
 
 def plan(mod: Any, params: Any, work_dir: str | Path) -> Plan:
-    """The model's tasks for the tuner and target the work dir was tuned for, and which of them
-    have a valid record there."""
+    """The model's tasks for the tuner and target the work dir was tuned for, which of them
+    have a valid record there, and which records are slower than the default schedule."""
     tuned = tuned_for(work_dir)
     adapter = get_adapter(tuned.tuner)
     tasks = adapter.extract(mod, tuned.target, params)
-    now = standing(tasks, adapter.measurements(Path(work_dir)))
+    now = standing(tasks, adapter.measurements(Path(work_dir)), read_defaults(Path(work_dir)))
     adapter.check(tasks, Path(work_dir))
-    return Plan(adapter, tuned.target, tasks, [r.task for r in now.tasks if r.best is not None])
+    built = {r.task.alternatives_of for r in now.chosen}  # where a record beats the default
+    measured = [r.task for r in now.tasks if r.best is not None]
+    slower = [t for t in measured if t.alternatives_of not in built]
+    return Plan(adapter, tuned.target, tasks, measured, slower)
 
 
 def build(mod: Any, params: Any, work_dir: str | Path, chosen: Plan | None = None) -> Any:
     """The model built with the work dir's records (a graph executor factory module)."""
     chosen = chosen or plan(mod, params, work_dir)
     try:
-        return chosen.adapter.build(mod, chosen.target, params, Path(work_dir), chosen.tasks)
+        return chosen.adapter.build(mod, chosen.target, params, Path(work_dir), chosen.applied)
     except ModelError:  # a damaged record, named where it is
         raise
     except Exception as err:

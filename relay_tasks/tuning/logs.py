@@ -16,10 +16,11 @@ from pathlib import Path
 from ..adapters import Adapter
 from ..adapters.journal import locked, set_aside_cut_line
 from ..errors import TuningError
+from .defaults import DEFAULTS_FILE
 
-#: What the tuners write into a work dir besides their logs: MetaSchedule's per-task logs
-#: folder, Ansor's latency estimates.
-OTHER_OUTPUTS = ("logs", "total_latency.tsv")
+#: What is written into a work dir besides the tuners' logs: MetaSchedule's per-task logs
+#: folder, Ansor's latency estimates, the default schedules' latencies.
+OTHER_OUTPUTS = ("logs", "total_latency.tsv", DEFAULTS_FILE)
 
 
 def refuse_links(folder: Path, adapter: Adapter) -> None:

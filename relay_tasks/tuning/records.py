@@ -8,7 +8,7 @@ after that (progress, summaries, coverage, the latency estimate) is tuner-neutra
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ..adapters.base import Measurement, TunerTask
@@ -24,6 +24,7 @@ class TaskRecord:
     best: float | None  # seconds, over valid measurements
     first_error: str
     causes: tuple[tuple[str, int], ...] = ()  # failures' causes, the most common first
+    default: float | None = None  # seconds with TVM's default schedule, where measured
 
     @property
     def trials(self) -> int:
@@ -57,7 +58,8 @@ class Standing:
     @property
     def chosen(self) -> list[TaskRecord]:
         """The tasks a build with the best records runs: of alternative implementations of one
-        primitive function, the fastest measured."""
+        primitive function, the fastest measured, unless TVM's default schedule of that
+        function is faster still (then the build takes the default)."""
         best: dict[str, TaskRecord] = {}
         for t in self.tasks:
             if t.best is None:
@@ -65,20 +67,34 @@ class Standing:
             held = best.get(t.task.alternatives_of)
             if held is None or t.best < held.best:  # type: ignore[operator]
                 best[t.task.alternatives_of] = t
-        return list(best.values())
+        return [t for t in best.values() if t.default is None or t.best < t.default]  # type: ignore[operator]
 
     @property
     def latency(self) -> float | None:
-        """The model's latency estimated from the best records (weight x best of each task a
-        build runs, summed); None until every task, or an alternative of it, has a valid
-        measurement."""
-        if not self.tasks or self.untuned:
+        """The model's latency estimated from the records: per primitive function, its weight
+        times the faster of its best record (of any alternative) and its default schedule,
+        summed; None until every function has one or the other."""
+        fastest: dict[str, float] = {}
+        for t in self.tasks:
+            options = [s for s in (t.best, t.default) if s is not None]
+            if options:
+                group = t.task.alternatives_of
+                seconds = t.task.weight * min(options)
+                fastest[group] = min(fastest.get(group, seconds), seconds)
+        groups = {t.task.alternatives_of for t in self.tasks}
+        if not self.tasks or len(fastest) < len(groups):
             return None
-        return sum(t.task.weight * t.best for t in self.chosen if t.best is not None)
+        return sum(fastest.values())
 
 
-def standing(tasks: Sequence[TunerTask], measurements: Sequence[Measurement]) -> Standing:
-    """Group measurements by task key."""
+def standing(
+    tasks: Sequence[TunerTask],
+    measurements: Sequence[Measurement],
+    defaults: Mapping[str, float] | None = None,
+) -> Standing:
+    """Group measurements by task key; ``defaults`` are the latencies of the default schedules
+    (by ``alternatives_of``), where measured."""
+    defaults = defaults or {}
     by_key: dict[str, list[Measurement]] = {}
     for m in measurements:
         by_key.setdefault(m.key, []).append(m)
@@ -95,19 +111,23 @@ def standing(tasks: Sequence[TunerTask], measurements: Sequence[Measurement]) ->
                 best=min(good) if good else None,  # type: ignore[type-var]
                 first_error=errors[0] if errors else "",
                 causes=tuple(Counter(errors).most_common()),
+                default=defaults.get(task.alternatives_of),
             )
         )
     return Standing(rows)
 
 
 def latency_by_trial(
-    tasks: Sequence[TunerTask], measurements: Sequence[Measurement]
+    tasks: Sequence[TunerTask],
+    measurements: Sequence[Measurement],
+    defaults: Mapping[str, float] | None = None,
 ) -> list[tuple[int, float]]:
     """(measurements so far, estimated model latency) after each measurement, from the point
-    every task (or an alternative of it) has a valid one: the curve ``status --plot`` draws."""
+    every task (or an alternative of it) has a valid one or a default: the curve ``status
+    --plot`` draws."""
     group = {t.key: t.alternatives_of for t in tasks}
     weights = {t.alternatives_of: t.weight for t in tasks}
-    best: dict[str, float] = {}
+    best = {g: s for g, s in (defaults or {}).items() if g in weights}
     curve = []
     for count, m in enumerate(measurements, start=1):
         if m.key in group and m.valid:
@@ -116,3 +136,17 @@ def latency_by_trial(
         if len(best) == len(weights):
             curve.append((count, sum(weights[g] * s for g, s in best.items())))
     return curve
+
+
+def latency_by_time(
+    tasks: Sequence[TunerTask],
+    measurements: Sequence[Measurement],
+    defaults: Mapping[str, float] | None = None,
+) -> list[tuple[float, float]] | None:
+    """:func:`latency_by_trial` against the seconds since the first measurement, or None when
+    some measurement has no time (MetaSchedule's own writer keeps none)."""
+    if any(m.at is None for m in measurements):
+        return None
+    start = min((float(m.at) for m in measurements if m.at is not None), default=0.0)
+    return [(float(measurements[count - 1].at) - start, latency)  # type: ignore[arg-type]
+            for count, latency in latency_by_trial(tasks, measurements, defaults)]  # fmt: skip

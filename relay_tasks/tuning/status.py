@@ -9,28 +9,33 @@ from ..adapters import Adapter, TunerTask
 from ..adapters.base import Measurement
 from ..errors import DependencyError, UsageError
 from ..table import aligned
-from .records import Standing, latency_by_trial
+from .records import Standing, latency_by_time, latency_by_trial
 
 
 def format_status(now: Standing, flops: Sequence[float]) -> str:
     """Per task: weight, GFLOP per call, trials, valid and failed measurements, best latency and
     the task's share of the estimated model latency (weight x best; "(alt.)" for an alternative
-    implementation a faster one replaces), and the models it serves when there are several;
-    then the estimate."""
-    header = ("#", "task", "weight", "GFLOP", "trials", "valid", "failed", "best ms", "share")
+    implementation a faster one replaces, "(default)" where TVM's default schedule is faster and
+    is what a build takes), its latency with the default schedule where the work dir has it,
+    and the models it serves when there are several; then the estimate."""
+    header = ["#", "task", "weight", "GFLOP", "trials", "valid", "failed", "best ms", "share"]
     several = len({m for r in now.tasks for m in r.task.models}) > 1
-    rows = [header + (("models",) if several else ())]
+    defaults = any(r.default is not None for r in now.tasks)
+    rows = [header + (["default ms"] if defaults else []) + (["models"] if several else [])]
     total, chosen = now.latency, {id(r) for r in now.chosen}
     for index, (record, flop) in enumerate(zip(now.tasks, flops, strict=True)):
-        best = record.best
+        best, default = record.best, record.default
         share = f"{record.task.weight * best / total:.1%}" if total and best else ""
         if share and id(record) not in chosen:
-            share = "(alt.)"  # a faster alternative of the same function is the one built
-        row = (str(index), record.task.name, str(record.task.weight), f"{flop / 1e9:.4g}",
+            # the default schedule, or a faster alternative of the function, is what is built
+            share = "(default)" if default is not None and default <= best else "(alt.)"  # type: ignore[operator]
+        row = [str(index), record.task.name, str(record.task.weight), f"{flop / 1e9:.4g}",
                str(record.trials), str(record.valid), str(record.failed),
-               f"{best * 1e3:.4g}" if best is not None else "-", share)  # fmt: skip
-        rows.append(row + ((",".join(record.task.models),) if several else ()))
-    lines = aligned(rows, left={1, 9})
+               f"{best * 1e3:.4g}" if best is not None else "-", share]  # fmt: skip
+        if defaults:
+            row.append(f"{default * 1e3:.4g}" if default is not None else "-")
+        rows.append(row + ([",".join(record.task.models)] if several else []))
+    lines = aligned(rows, left={1, len(rows[0]) - 1} if several else {1})
     lines.append(_summary(now))
     lines += _failures(now)
     return "\n".join(lines)
@@ -55,7 +60,10 @@ def _failures(now: Standing) -> list[str]:
 def _summary(now: Standing) -> str:
     counts = f"{now.valid} valid measurements" + (f", {now.failed} failed" if now.failed else "")
     if now.latency is not None:
-        return f"{counts}; estimated model latency {now.latency * 1e3:.4g} ms (best records)"
+        how = "best records"
+        if any(r.default is not None for r in now.tasks):
+            how += "; TVM's default schedule where it is faster"
+        return f"{counts}; estimated model latency {now.latency * 1e3:.4g} ms ({how})"
     return f"{counts}; {len(now.untuned)} of {len(now.tasks)} tasks not measured yet"
 
 
@@ -68,7 +76,8 @@ def plot(
     now: Standing,
     measurements: Sequence[Measurement],
 ) -> None:
-    """Estimated model latency against measurements, and each task's share of it, as an image."""
+    """Estimated model latency against tuning time (against measurements where the records
+    keep no time), and each task's share of it, as an image."""
     try:
         import matplotlib
 
@@ -80,13 +89,17 @@ def plot(
     if target.suffix.lower() not in (".png", ".svg", ".pdf"):
         raise UsageError(f"--plot {target}: name a .png, .svg or .pdf file")
     tasks = [record.task for record in now.tasks]
-    curve = latency_by_trial(tasks, measurements)
+    defaults = {r.task.alternatives_of: r.default for r in now.tasks if r.default is not None}
+    timed = latency_by_time(tasks, measurements, defaults)
+    curve = timed if timed is not None else latency_by_trial(tasks, measurements, defaults)
     figure, (left, right) = pyplot.subplots(1, 2, figsize=(12, 4.5))
+    minutes = 60.0 if timed is not None else 1.0
     if curve:
-        left.step([c for c, _ in curve], [s * 1e3 for _, s in curve], where="post")
+        left.step([c / minutes for c, _ in curve], [s * 1e3 for _, s in curve], where="post")
     else:
         left.text(0.5, 0.5, "not every task measured yet", ha="center", transform=left.transAxes)
-    left.set(xlabel="measurements", ylabel="estimated model latency (ms)",
+    across = "minutes since the first measurement" if timed is not None else "measurements"
+    left.set(xlabel=across, ylabel="estimated model latency (ms)",
              title="best estimated latency")  # fmt: skip
     shares = [(r.task.name, r.task.weight * r.best * 1e3) for r in now.tasks if r.best]
     right.barh([n for n, _ in shares][::-1], [s for _, s in shares][::-1])

@@ -36,6 +36,7 @@ from ..adapters.journal import locked, open_appending, set_aside_cut_line
 from ..errors import ModelError, TuningError, TuningInterrupted, UsageError, describe_text
 from ..export import TaskFile, dumps, load_tasks, tasks_document
 from ..inputs import TargetLike, as_target
+from .defaults import read_defaults
 from .device import check_runs_here, check_tracker, devices_left
 from .logs import refuse_links
 from .records import Standing, standing
@@ -110,7 +111,7 @@ def tune(
     if reused:
         display.say(reused)
     if not tasks or before.valid >= trials:
-        return standing(every, records)
+        return standing(every, records, read_defaults(folder))
     if before.valid:
         display.say(_resuming(before, folder))
     if len(tasks) < len(every):
@@ -123,15 +124,13 @@ def tune(
             "command again to resume",
             stopped,
         )
-    if len(tasks) < len(every):
-        after = standing(every, adapter.measurements(folder))
     new_failed = after.failed - before.failed
     if after.valid == before.valid and new_failed > 0:
         raise TuningError(
             f"all {new_failed} measurements failed; the first: {after.first_error or 'unknown'} "
             f"(details in {folder / LOG_FILE})"
         )
-    return after
+    return standing(every, adapter.measurements(folder), read_defaults(folder))
 
 
 def _reused(

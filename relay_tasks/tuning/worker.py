@@ -24,6 +24,7 @@ from ..adapters import Adapter, TunerTask, get_adapter
 from ..adapters.base import Runner, valid_for
 from ..errors import describe_failure
 from ..export import load_tasks
+from .defaults import measure_defaults
 from .tune import failure_mark
 
 
@@ -35,6 +36,8 @@ def main(argv: list[str]) -> int:
         loaded = load_tasks(tasks)
         tracker = tuple(runner["tracker"]) if runner["tracker"] else None
         options = Runner(tracker, runner["key"], runner["timeout"])
+        if tracker is None:  # a device's defaults would be measured on it: not done yet
+            measure_defaults(loaded.tasks, loaded.target, folder)
         tune_until(get_adapter(loaded.tuner), loaded.tasks, loaded.target, trials, folder, options)
     except Exception as err:
         traceback.print_exc()

@@ -56,19 +56,19 @@ def test_a_record_written_here_reads_back_here_and_in_metaschedule(tmp_path) -> 
 
 
 def test_two_tunes_sharing_the_files_number_each_others_workloads(tmp_path) -> None:
-    """Two databases open on one work dir (two tunes of different models), committing in turns:
-    each record points at its own workload's line, whoever filed that line first."""
-    mod, other = _module(2.0), _module(3.0)
+    """Two databases open on one work dir (two tunes of different models, two tasks each),
+    committing in turns: each record points at its own workload's line, whoever filed it."""
+    mods = [_module(scale) for scale in (2.0, 3.0, 4.0, 5.0)]
     target = tvm.target.Target(HOST)
     seconds = [tvm.tir.FloatImm("float32", 1e-3)]
-    mine, theirs = WorkDatabase(tmp_path, [mod]), WorkDatabase(tmp_path, [other])
-    for _ in range(2):
-        for database, module in ((theirs, other), (mine, mod), (mine, mod), (theirs, other)):
-            workload = database.memory.commit_workload(module)
-            trace = tir.Schedule(module).trace
-            database.commit(ms.database.TuningRecord(trace, workload, seconds, target, None))
-    keys = [m.key for m in measurements(tmp_path)]
-    assert keys == [workload_key(m) for m in (other, mod, mod, other)] * 2
-    assert len((tmp_path / "database_workload.json").read_text().splitlines()) == 2
-    for module in (mod, other):  # and each reads back only its own, replayed on its module
-        assert len(WorkDatabase(tmp_path, [module]).memory.get_all_tuning_records()) == 4
+    mine, theirs = WorkDatabase(tmp_path, mods[:2]), WorkDatabase(tmp_path, mods[2:])
+    order = [(theirs, mods[2]), (mine, mods[0]), (mine, mods[0]), (theirs, mods[3]),
+             (mine, mods[1]), (theirs, mods[2]), (mine, mods[1]), (theirs, mods[3])]  # fmt: skip
+    for database, module in order:
+        workload = database.memory.commit_workload(module)
+        trace = tir.Schedule(module).trace
+        database.commit(ms.database.TuningRecord(trace, workload, seconds, target, None))
+    assert [m.key for m in measurements(tmp_path)] == [workload_key(m) for _, m in order]
+    assert len((tmp_path / "database_workload.json").read_text().splitlines()) == 4
+    for module in mods:  # and each reads back only its own, replayed on its module
+        assert len(WorkDatabase(tmp_path, [module]).memory.get_all_tuning_records()) == 2

@@ -33,7 +33,8 @@ def test_compile_with_the_records(tuner: str, tuned: dict[str, Path], tiny, tmp_
     chosen = building.plan(mod, weights, work)
     assert chosen.tuned == chosen.tasks  # every task was measured, so every task is covered
     count = len(chosen.tasks)
-    assert err == f"relay-tasks: the records cover {count} of the model's {count} tasks\n"
+    assert err.startswith(f"relay-tasks: the records cover {count} of the model's {count} tasks")
+    assert err == f"relay-tasks: {chosen.describe()}\n"  # and which are slower than the default
     assert out.splitlines()[0].endswith(f"{count}/{count} tasks tuned, library in {library}")
     assert re.fullmatch(BENCHMARK_LINE, out.splitlines()[1])
     # The exported library runs and computes what the untuned build computes.
@@ -46,6 +47,56 @@ def test_compile_with_the_records(tuner: str, tuned: dict[str, Path], tiny, tmp_
     assert building.max_difference(tuned_run.outputs, untuned_run.outputs) < 1e-4
     reference = np.maximum(inputs["data"] @ weights["w"].numpy().T, 0)
     np.testing.assert_allclose(tuned_run.outputs[0], reference, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("tuner", "default"),
+    [("meta_schedule", 1e-9), ("autotvm", 1e-9), ("ansor", 1e-9), ("meta_schedule", 1e3)],
+)
+def test_records_slower_than_the_default_schedule_are_not_built(
+    tuner, default, tuned, tiny, tmp_path, capsys
+) -> None:
+    """The worker measured each task's default latency; compile applies a task's records only
+    where their best beats it (here made 1 ns, then 1000 s)."""
+    import json
+    import shutil
+
+    from relay_tasks.tuning.defaults import DEFAULTS_FILE, read_defaults
+
+    text, params = tiny
+    mod, weights = load_model(text, params=params)
+    work = tmp_path / "work"
+    shutil.copytree(tuned[tuner], work)
+    measured = read_defaults(work)
+    groups = {t.alternatives_of for t in building.plan(mod, weights, work).tasks}
+    assert set(measured) == groups and all(0 < s < 1 for s in measured.values())
+    lines = [json.dumps({"task": key, "seconds": default}) for key in groups]
+    (work / DEFAULTS_FILE).write_text("".join(line + "\n" for line in lines))
+    chosen = building.plan(mod, weights, work)
+    assert chosen.slower == (chosen.tasks if default < 1 else [])
+    assert chosen.applied == ([] if default < 1 else chosen.tasks)
+    argv = ["compile", str(text), "--params", str(params), "--work-dir", str(work),
+            "-o", str(tmp_path / "m.tar")]  # fmt: skip
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert ("slower than TVM's default schedule (built with it): " in err) == (default < 1)
+
+
+@pytest.mark.parametrize(
+    "line",
+    ['{"task": "ab12", "seconds": -1}', '{"task": "../x", "seconds": 1}',
+     '{"task": "ab12", "seconds": 1, "code": "x"}', '{"task": "ab12", "seconds": NaN}',
+     '["ab12", 1]', '{"task": "ab12", "seconds": true}'],
+)  # fmt: skip
+def test_a_default_latency_is_a_key_and_seconds_or_a_damaged_record(line, tmp_path) -> None:
+    from relay_tasks.errors import ModelError
+    from relay_tasks.tuning.defaults import DEFAULTS_FILE, read_defaults
+
+    (tmp_path / DEFAULTS_FILE).write_text(line + '\n{"task": "cd34", "seconds": 0.5}\n')
+    with pytest.raises(ModelError, match=r"defaults.jsonl, line 1: not a record"):
+        read_defaults(tmp_path)
+    (tmp_path / DEFAULTS_FILE).write_text('{"task": "cd34", "seconds": 0.5}\n')
+    assert read_defaults(tmp_path) == {"cd34": 0.5}
 
 
 def test_compile_names_the_tasks_without_records(tuned: dict[str, Path], tmp_path, capsys):

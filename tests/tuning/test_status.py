@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from relay_tasks.cli import main
+from relay_tasks.tuning.defaults import read_defaults
 
 from tuned_models import TUNERS, raw_measurements
 
@@ -23,7 +24,14 @@ def test_status_of_a_work_dir(tuner: str, tuned: dict[str, Path], tiny, capsys) 
     # Then the causes of each task's failures, if it has any.
     assert all(re.match(r"failed #\d+ \S+: \d+x \S", line) for line in lines[end + 1 :])
     assert header == ["#", "task", "weight", "GFLOP", "trials", "valid", "failed", "best", "ms",
-                      "share"]  # fmt: skip
+                      "share", "default", "ms"]  # fmt: skip
+    defaults = read_defaults(work)  # what the worker measured before tuning, per function
+    groups = [
+        t["group"] or t["key"] for t in json.loads((work / "tasks.json").read_text())["tasks"]
+    ]
+    assert [float(r.split()[-1]) for r in rows] == [
+        pytest.approx(defaults[g] * 1e3, rel=1e-3) for g in groups
+    ]
     raw = raw_measurements(work, tuner)
     assert sum(int(r.split()[5]) for r in rows) == sum(1 for _, s in raw if s is not None)
     assert sum(int(r.split()[4]) for r in rows) == len(raw)
@@ -36,12 +44,10 @@ def test_status_of_a_work_dir(tuner: str, tuned: dict[str, Path], tiny, capsys) 
     weights = [int(r.split()[2]) for r in rows]
     assert len(best) == len(rows)
     # Alternatives of one function (AutoTVM's dense_nopack and dense_pack) count once: the best.
-    groups = [
-        t["group"] or t["key"] for t in json.loads((work / "tasks.json").read_text())["tasks"]
-    ]
     once: dict[str, float] = {}
     for group, weight, seconds in zip(groups, weights, best.values(), strict=True):
-        once[group] = min(once.get(group, weight * seconds), weight * seconds)
+        fastest = weight * min(seconds, defaults[group])  # the build takes the faster
+        once[group] = min(once.get(group, fastest), fastest)
     expected = sum(once.values()) * 1e3
     shown = float(re.search(r"estimated model latency ([0-9.e-]+) ms", last).group(1))
     assert shown == pytest.approx(expected, rel=1e-3, abs=1e-4)
@@ -126,6 +132,67 @@ def test_alternatives_of_one_function_count_once_in_every_estimate() -> None:
         (2, pytest.approx(7e-3)),
         (3, pytest.approx(5e-3)),
     ]
+
+
+def test_default_schedules_count_where_they_beat_the_records() -> None:
+    """A function whose default schedule is faster than its best record is built with the
+    default: the estimate counts the default, the row says so; one not measured yet counts
+    its default, so the estimate (and the curve) starts before every task is measured."""
+    from relay_tasks.adapters import TunerTask
+    from relay_tasks.adapters.base import Measurement
+    from relay_tasks.tuning import standing
+    from relay_tasks.tuning.records import latency_by_trial
+    from relay_tasks.tuning.status import format_status
+
+    tasks = [TunerTask("conv", 2, "nn.conv2d", "k1", None), TunerTask("relu", 1, "nn.relu", "k2", None),
+             TunerTask("add", 1, "add", "k3", None)]  # fmt: skip
+    records = [Measurement("k1", 5e-3), Measurement("k2", 1e-3)]
+    defaults = {"k1": 4e-3, "k2": 2e-3, "k3": 1e-3}
+    now = standing(tasks, records, defaults)
+    assert now.latency == pytest.approx(2 * 4e-3 + 1e-3 + 1e-3)
+    assert [r.task.name for r in now.chosen] == ["relu"]
+    rows = [line.split() for line in format_status(now, [1e9] * 3).splitlines()[1:4]]
+    assert [r[-1] for r in rows] == ["4", "2", "1"]  # the default ms column
+    assert (rows[0][8], rows[1][8], rows[2][7]) == ("(default)", "10.0%", "-")
+    assert "TVM's default schedule where it is faster" in format_status(now, [1e9] * 3)
+    assert standing(tasks, records).latency is None  # without defaults: "add" is unmeasured
+    assert latency_by_trial(tasks, records, defaults) == [
+        (1, pytest.approx(2 * 4e-3 + 2e-3 + 1e-3)),
+        (2, pytest.approx(2 * 4e-3 + 1e-3 + 1e-3)),
+    ]
+
+
+def test_the_curve_against_time_needs_every_measurements_time() -> None:
+    from relay_tasks.adapters import TunerTask
+    from relay_tasks.adapters.base import Measurement
+    from relay_tasks.tuning.records import latency_by_time
+
+    tasks = [TunerTask("a", 2, "nn.dense", "k1", None), TunerTask("b", 1, "nn.relu", "k2", None)]
+    records = [Measurement("k1", 3e-3, at=100.0), Measurement("k2", 1e-3, at=160.0),
+               Measurement("k1", 1e-3, at=400.0)]  # fmt: skip
+    assert latency_by_time(tasks, records) == [(60.0, pytest.approx(7e-3)),
+                                               (300.0, pytest.approx(3e-3))]  # fmt: skip
+    assert latency_by_time(tasks, [*records, Measurement("k2", 2e-3)]) is None
+
+
+@pytest.mark.parametrize("tuner", TUNERS)
+def test_every_tuners_records_say_when_they_were_measured(tuner, tuned) -> None:
+    """AutoTVM's and Ansor's records keep a time; MetaSchedule's are kept beside them (the
+    oldest first without one, as a work dir from MetaSchedule's own writer has none)."""
+    import shutil
+    import time
+
+    from relay_tasks.adapters import get_adapter
+
+    measured = get_adapter(tuner).measurements(tuned[tuner])
+    assert measured and all(time.time() - 86400 < m.at < time.time() for m in measured)
+    if tuner == "meta_schedule":
+        work = tuned[tuner].parent / "untimed"
+        shutil.copytree(tuned[tuner], work, dirs_exist_ok=True)
+        times = work / "meta_schedule_times.jsonl"
+        times.write_text(times.read_text().splitlines(keepends=True)[-1])
+        again = get_adapter(tuner).measurements(work)
+        assert [m.at for m in again] == [None] * (len(measured) - 1) + [measured[-1].at]
 
 
 def test_autotvm_alternatives_are_grouped_and_share_the_flops_once(tiny, capsys) -> None:

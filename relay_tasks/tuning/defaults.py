@@ -1,0 +1,92 @@
+"""Each task's latency with TVM's default schedule, so a build never takes a worse tuned one.
+
+The first measurements of a search are random schedules, often slower than the schedule TOPI
+gives the operator by default (on DCGAN, MetaSchedule's best of five random schedules of a
+transposed convolution took 60-90 ms where the default takes 13): a model built with such
+records is slower than untuned. So before tuning on this machine, the worker measures each
+task's primitive function built alone with TVM's defaults, once per work dir, and ``compile``
+applies a task's records only where their best beats that; the rest keep TVM's default.
+
+The latencies are kept in ``defaults.jsonl``, ``{"task": key, "seconds": s}`` a line, read
+back through :func:`read_defaults`'s allowlist.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..adapters import TunerTask
+from ..adapters.base import damaged, record_lines
+from ..adapters.journal import append
+
+#: The file, in the work dir.
+DEFAULTS_FILE = "defaults.jsonl"
+#: What a task's key may look like in it (every tuner's keys are hex digests).
+KEY = re.compile(r"[0-9a-f]{1,64}\Z")
+
+
+def read_defaults(work_dir: Path) -> dict[str, float]:
+    """Each task's default latency (seconds) by its key (the ``alternatives_of`` of its
+    tuner's tasks: alternatives of one function share one default); a line that is not
+    exactly a key and a finite positive number of seconds is a damaged record."""
+    path = work_dir / DEFAULTS_FILE
+    found = {}
+    for number, line in record_lines(path):
+        entry = json.loads(line)
+        key = entry.get("task") if isinstance(entry, dict) else None
+        seconds = entry.get("seconds") if isinstance(entry, dict) else None
+        if (not isinstance(entry, dict) or set(entry) != {"task", "seconds"}
+                or not isinstance(key, str) or not KEY.match(key)
+                or isinstance(seconds, bool) or not isinstance(seconds, (int, float))
+                or not math.isfinite(seconds) or seconds <= 0):  # fmt: skip
+            raise damaged(path, number, "a default latency is a task key and seconds")
+        found[key] = float(seconds)
+    return found
+
+
+def measure_defaults(tasks: Sequence[TunerTask], target: Any, work_dir: Path) -> None:
+    """Measure, on this machine, the default latency of each task the work dir has none for."""
+    known = read_defaults(work_dir)
+    done: set[str] = set()
+    for task in tasks:
+        key = task.alternatives_of
+        if key in known or key in done or task.source is None:
+            continue
+        done.add(key)
+        seconds = default_seconds(task.source.func, target)
+        if seconds is not None:
+            append(work_dir, [(DEFAULTS_FILE, [json.dumps({"task": key, "seconds": seconds})])])
+
+
+def default_seconds(func: Any, target: Any) -> float | None:
+    """The primitive function ``func`` built alone with TVM's default schedules and timed
+    (the median of 3 repeats of at least 100 ms, as MetaSchedule's runner times a candidate);
+    None where it cannot be built alone."""
+    import tvm
+    from tvm import relay
+    from tvm.contrib import graph_executor
+
+    main = relay.Function(list(func.params), func.body)  # not Primitive: built as a model
+    mod = relay.transform.InferType()(tvm.IRModule.from_expr(main))
+    try:
+        with tvm.transform.PassContext(opt_level=3):
+            library = relay.build(mod, target=target)
+    except Exception:  # a function TVM cannot build alone: no default to compare with
+        return None
+    device = tvm.cpu(0)
+    graph = graph_executor.GraphModule(library["default"](device))
+    rng = np.random.default_rng(0)
+    for param in mod["main"].params:
+        shape = [int(d) for d in param.checked_type.shape]
+        dtype = param.checked_type.dtype
+        value = rng.integers(0, 2, shape) if "int" in dtype else rng.standard_normal(shape)
+        graph.set_input(param.name_hint, value.astype(dtype))
+    timer = graph.module.time_evaluator("run", device, number=1, repeat=3, min_repeat_ms=100)
+    return float(np.median(timer().results))
