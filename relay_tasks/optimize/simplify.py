@@ -11,6 +11,8 @@ real passes wherever the screen says "no" and checks that they change nothing.
 
 from __future__ import annotations
 
+import contextlib
+
 import math
 from collections.abc import Callable, Iterable
 from contextvars import ContextVar
@@ -512,6 +514,11 @@ def _replacing(
     they are known (see :func:`_kept_types`)."""
     types = _argument_types(args)
     new = relay.Call(op, args, attrs, types)
+    if types is not None:
+        # Typed now, not after the rewrite: a later rewrite below it copies this node into its
+        # consumer's new arguments, and the copy keeps only the type it had then.
+        with contextlib.suppress(tvm.TVMError):
+            relay.transform.InferTypeLocal(new)
     callback.replaced.append((old, new))
     return new
 

@@ -417,3 +417,12 @@ def test_frontend_models_settle_locally_to_the_whole_graph_result(model: str) ->
             settled.append(name)
     if model in ("bert-2-layers", "gpt2-2-layers"):
         assert settled  # the transformers reach SimplifyExpr with a rewrite to do
+
+
+def test_a_reshape_pair_over_a_constant_pair_leaves_every_node_typed() -> None:
+    """Found by the random graphs: both own rewrites in one function, the reshape pair merged
+    first; the merged reshape, rebuilt when the adds below it merge, kept no type."""
+    x = relay.var("x", shape=(2, 3, 4))
+    added = relay.add(relay.add(x, relay.const(1.0)), relay.const(1.0))
+    mod = _typed(relay.reshape(relay.reshape(added, [2, 3, 4]), [2, 3, 4]))
+    assert _local_equals_whole(mod, "SimplifyExpr")
