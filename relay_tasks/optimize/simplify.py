@@ -12,7 +12,6 @@ real passes wherever the screen says "no" and checks that they change nothing.
 from __future__ import annotations
 
 import contextlib
-
 import math
 from collections.abc import Callable, Iterable
 from contextvars import ContextVar
