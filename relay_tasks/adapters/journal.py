@@ -116,12 +116,9 @@ def set_aside_cut_line(path: Path) -> None:
     its newline is cut, unless it is a whole JSON record, which gets its newline) to
     ``<name>.damaged``, warning once: the records before it are kept, and the cut one never
     was one. Call it holding the lock, so that no writer is mid-line."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return
-    if not data or data.endswith(b"\n"):
-        return
+    if whole(path):
+        return  # the common case, from the last byte alone (a log grows to megabytes)
+    data = path.read_bytes()
     start = data.rfind(b"\n") + 1
     aside = path.with_name(path.name + DAMAGED_SUFFIX)
     try:
@@ -140,6 +137,18 @@ def set_aside_cut_line(path: Path) -> None:
         f"while it was written); set aside in {aside.name}, the records before it are kept",
         DamagedRecordWarning,
     )
+
+
+def whole(path: Path) -> bool:
+    """Whether ``path`` is missing, empty or ends its last line (a cut line does not)."""
+    try:
+        with path.open("rb") as handle:
+            if handle.seek(0, os.SEEK_END) == 0:
+                return True
+            handle.seek(-1, os.SEEK_END)
+            return handle.read(1) == b"\n"
+    except FileNotFoundError:
+        return True
 
 
 def _is_json(line: bytes) -> bool:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..adapters import Adapter
-from ..adapters.journal import locked, set_aside_cut_line
+from ..adapters.journal import locked, set_aside_cut_line, whole
 from ..errors import TuningError
 from .defaults import DEFAULTS_FILE
 
@@ -36,20 +36,8 @@ def refuse_links(folder: Path, adapter: Adapter) -> None:
 def set_aside_cut_lines(folder: Path, adapter: Adapter) -> None:
     """Set aside a cut last line of each of ``adapter``'s logs in ``folder`` (damage before
     the last line is left for the readers to name)."""
-    if all(_whole(folder / name) for name in adapter.logs):
+    if all(whole(folder / name) for name in adapter.logs):
         return  # nothing to set aside: no lock taken (a compile may read a read-only work dir)
     with locked(folder):
         for name in adapter.logs:
             set_aside_cut_line(folder / name)
-
-
-def _whole(path: Path) -> bool:
-    """Whether ``path`` is missing, empty or ends its last line (a cut line does not)."""
-    try:
-        with path.open("rb") as handle:
-            if handle.seek(0, 2) == 0:
-                return True
-            handle.seek(-1, 2)
-            return handle.read(1) == b"\n"
-    except FileNotFoundError:
-        return True
