@@ -21,6 +21,7 @@ from tvm import relay
 
 from relay_tasks.adapters.journal import LOCK_FILE
 from relay_tasks.cli import main
+from relay_tasks.errors import TuningError
 from relay_tasks.tuning.tune import file_tasks
 
 from tuned_models import (
@@ -228,3 +229,13 @@ def test_a_tune_of_models_including_an_earlier_ones_replaces_its_task_file(tmp_p
     kept = sorted(json.loads(p.read_text())["models"] for p in (tmp_path / "tunes").iterdir())
     assert kept == [["a", "b"], ["c"]]
     assert json.loads((tmp_path / "tasks.json").read_text())["models"] == ["c"]
+
+
+def test_a_tunes_folder_that_is_a_link_is_not_followed(tmp_path) -> None:
+    elsewhere, work = tmp_path / "elsewhere", tmp_path / "work"
+    elsewhere.mkdir()
+    work.mkdir()
+    (work / "tunes").symlink_to(elsewhere)
+    with pytest.raises(TuningError, match="tunes is not a directory; remove it"):
+        file_tasks(work, {"models": ["a"]})
+    assert list(elsewhere.iterdir()) == []
