@@ -340,6 +340,36 @@ def _plot(path: Path, title: str, rows: list[Any], timed: dict[str, Any]) -> Non
 MODELS = ("dcgan", "resnet-18-112", "bert-2")
 
 
+def busy_loop() -> float:
+    """Seconds of a fixed pure-Python loop: how loaded the machine is, before and after."""
+    started = time.perf_counter()
+    total = 0
+    for i in range(10_000_000):
+        total += i
+    return time.perf_counter() - started
+
+
+def reached(rows: list[Any], tuner: str) -> str:
+    """When ours first estimated upstream's final latency at the largest budget (both read
+    the same way), against upstream's wall time to it; the issue's goal is half of it."""
+    mine = [row for row in rows if row[0] == tuner and "error" not in row[3]]
+    upstream = [row for row in mine if row[2] == "upstream" and row[3]["curve"]]
+    if not upstream:
+        return f"{tuner}: no estimate of upstream's to reach"
+    _, budget, _, theirs = max(upstream, key=lambda row: row[1])
+    goal, seconds = theirs["curve"][-1][1], theirs["seconds"]
+    times = [t for row in mine if row[2] == "ours" for t, v in row[3]["curve"] if v <= goal]
+    if not times:
+        best = min((v for row in mine if row[2] == "ours" for _, v in row[3]["curve"]),
+                   default=float("nan"))  # fmt: skip
+        return (f"{tuner}: upstream's final estimate at {budget}, {goal * 1e3:.4g} ms after "
+                f"{seconds:.0f} s, not reached (ours at best {best * 1e3:.4g} ms)")  # fmt: skip
+    first = min(times)
+    return (f"{tuner}: upstream's final estimate at {budget}, {goal * 1e3:.4g} ms after "
+            f"{seconds:.0f} s, reached by ours after {first:.0f} s "
+            f"({first / seconds:.0%} of it)")  # fmt: skip
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--models", nargs="+", choices=MODELS, default=["dcgan"])
@@ -354,6 +384,7 @@ def main() -> None:
         _child(sys.argv[2:])
         return
     args = build_parser().parse_args()
+    print(f"machine: busy loop {busy_loop():.2f} s before", flush=True)
     models = _models(args.out / "models")
     print("model           tuner          budget  side      tune s  valid  failed  valid/min  "
           "latency ms (middle half)          untuned ms")  # fmt: skip
@@ -386,7 +417,10 @@ def main() -> None:
             rate = result["valid"] / (result["seconds"] / 60)
             print(f"{head}  {result['seconds']:>6.1f}  {result['valid']:>5}  {result['failed']:>6}"
                   f"  {rate:>9.1f}  {median * 1e3:.4g} ({low * 1e3:.4g}-{high * 1e3:.4g})"
-                  f"{'':<10}{base[0] * 1e3:.4g}")  # fmt: skip
+                  f"{'':<10}{base[0] * 1e3:.4g}", flush=True)  # fmt: skip
+        for tuner in args.tuners:
+            print(f"{model:<15} {reached(rows, tuner)}", flush=True)
+    print(f"machine: busy loop {busy_loop():.2f} s after")
 
 
 if __name__ == "__main__":

@@ -640,3 +640,16 @@ def relay_graphs(draw: Callable, max_ops: int = 8) -> Graph:
     used = {v.name_hint for v in relay.analysis.free_vars(body)}
     params = {name: data for name, data in b.params.items() if name in used}  # unused go too
     return Graph(b.module(body), params, ops)
+
+
+def linked_repeats() -> tvm.IRModule:
+    """Three conv blocks with linked params, the last two with the very same weights."""
+    rng = np.random.default_rng(0)
+    weights = [relay.const(rng.standard_normal((8, 8, 3, 3)).astype("float32")) for _ in "ab"]
+    data = relay.var("data", shape=(1, 8, 8, 8))
+    out = data
+    for weight in (weights[1], weights[0], weights[0]):
+        conv = relay.nn.conv2d(out, weight, padding=(1, 1), channels=8, kernel_size=(3, 3))
+        out = relay.nn.relu(conv)
+    mod = tvm.IRModule.from_expr(relay.Function([data], out))
+    return mod.with_attr("executor", relay.backend.Executor("graph", {"link-params": True}))

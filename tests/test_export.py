@@ -343,10 +343,10 @@ def test_a_function_outside_the_allowlist_is_refused_before_anything_is_lowered(
 def test_constant_names_round_trip_into_each_tuners_keys(tmp_path: Path) -> None:
     """Linked tensor constants are named from a supply the whole model shared, and the names
     enter Ansor's workload keys: the file records them and lowering here uses them."""
-    from test_extract import _linked_repeats
+    from relay_graphs import linked_repeats
 
     for tuner in TUNERS:
-        tasks = relay_tasks.extract(_linked_repeats(), X86, tuner=tuner)
+        tasks = relay_tasks.extract(linked_repeats(), X86, tuner=tuner)
         with_constants = [t for t in tasks if t.source and t.source.lowered.constants]
         assert with_constants, tuner
         document = tasks_document(tasks, tuner=tuner, target=tvm.target.Target(X86), models=[])

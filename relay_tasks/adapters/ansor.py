@@ -18,6 +18,7 @@ import math
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import tvm
@@ -188,10 +189,17 @@ def merge(tasks: Sequence[TunerTask]) -> auto_scheduler.SearchTask:
 
 
 def tune(
-    tasks: Sequence[TunerTask], target: Target, trials: int, work_dir: Path, runner: Runner
+    tasks: Sequence[TunerTask],
+    target: Target,
+    trials: int,
+    work_dir: Path,
+    runner: Runner,
+    defaults: Mapping[str, float] = MappingProxyType({}),
 ) -> None:
-    """Ansor's task scheduler (tasks by weight) until the log holds ``trials`` valid
-    measurements; the search effort scales down with the budget."""
+    """Ansor's task scheduler (gradient, by weight) until the log holds ``trials`` valid
+    measurements, starting from the default schedules' latencies (``defaults``, by
+    ``alternatives_of``; see :class:`_FromDefaults`); the search effort scales down with the
+    budget."""
     log = work_dir / LOG
     records = measurements(work_dir)
     budget = trials - valid_for(tasks, records)
@@ -200,9 +208,10 @@ def tune(
     # Ansor's cost model reads only records of workloads this process registered: a log of other
     # models' tasks alone leaves it nothing, which its XGBoost update fails on (np.bincount).
     ours = {t.key for t in tasks} & {m.key for m in records}
-    scheduler = auto_scheduler.TaskScheduler(
+    scheduler = _FromDefaults(
         [t.native for t in tasks],
         [t.weight for t in tasks],
+        [defaults.get(t.alternatives_of) for t in tasks],
         load_log_file=str(log) if ours else None,
         # Upstream's default writes total_latency.tsv into the current directory.
         callbacks=[
@@ -222,6 +231,34 @@ def tune(
         ),
         search_policy_params=_search(max(1, budget // len(tasks))),
     )
+
+
+class _FromDefaults(auto_scheduler.TaskScheduler):  # type: ignore[misc]
+    """Ansor's task scheduler, a task's default-schedule latency counted as its first round.
+
+    Upstream's first measures every task once, in order, before it weighs any by its part of
+    the latency: a short tune spends itself on the first tasks, whatever they weigh. A task
+    whose default is known needs no such round: its best starts there (a search that does not
+    beat it leaves it there), and the gradient weighs it from the start.
+    """
+
+    def __init__(self, tasks: list[Any], weights: list[int], defaults: list[float | None],
+                 **options: Any) -> None:  # fmt: skip
+        super().__init__(tasks, weights, **options)
+        self.defaults = defaults
+        self._count_defaults()
+
+    def _restore_status(self, log_file: str, num_measures_per_round: int) -> None:
+        super()._restore_status(log_file, num_measures_per_round)
+        self._count_defaults()  # a task no record of which was read
+
+    def _count_defaults(self) -> None:
+        for index, seconds in enumerate(self.defaults):
+            if seconds is not None and self.task_cts[index] == 0:
+                self.task_cts[index] = self.task_best_cts[index] = 1
+                self.best_costs[index] = min(self.best_costs[index], seconds)
+                self.task_costs_history[index].append(self.best_costs[index])
+        self.cur_score = self._compute_score(self.best_costs)
 
 
 #: The causes of failed measurements, one a line (Ansor's log keeps only an error code).

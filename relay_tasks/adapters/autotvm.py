@@ -13,9 +13,10 @@ import functools
 import hashlib
 import json
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import tvm
@@ -333,7 +334,12 @@ def merge(tasks: Sequence[TunerTask]) -> autotvm.task.Task:
 
 
 def tune(
-    tasks: Sequence[TunerTask], target: Target, trials: int, work_dir: Path, runner: Runner
+    tasks: Sequence[TunerTask],
+    target: Target,
+    trials: int,
+    work_dir: Path,
+    runner: Runner,
+    defaults: Mapping[str, float] = MappingProxyType({}),
 ) -> None:
     """XGBTuner per task, until the log holds ``trials`` valid measurements in all (see
     :func:`allotments`; a failed measurement does not count, so a rerun retries it)."""

@@ -77,8 +77,10 @@ class Adapter:
       here and returns the native task with its source;
     - ``key(native)``: the task's identity, recomputed from a decoded task to check a task file;
     - ``merge(tasks)``: one task from equal tasks of several models (weights added);
-    - ``tune(tasks, target, trials, work_dir, runner)``: tune until ``work_dir`` holds ``trials``
-      valid measurements (failed ones are retried, not counted), logging as it goes;
+    - ``tune(tasks, target, trials, work_dir, runner, defaults)``: tune until ``work_dir`` holds
+      ``trials`` valid measurements (failed ones are retried, not counted), logging as it goes;
+      ``defaults`` are the latencies of the default schedules (by ``alternatives_of``), which
+      the allocation of measurements starts from;
     - ``measurements(work_dir)``: the records in ``work_dir``, in the order measured, each
       under its task's key (the records name their tasks; standing() matches them to rows);
     - ``flops(native)``: floating-point operations of one call of the task;
@@ -98,7 +100,7 @@ class Adapter:
     decode: Callable[[dict[str, Any], Any, str, int], tuple[Any, Task | None]] = field(repr=False)
     key: Callable[[Any], str] = field(repr=False)
     merge: Callable[[Sequence[TunerTask]], Any] = field(repr=False)
-    tune: Callable[[Sequence[TunerTask], Any, int, Path, Runner], None] = field(repr=False)
+    tune: Callable[..., None] = field(repr=False)
     measurements: Callable[[Path], list[Measurement]] = field(repr=False)
     flops: Callable[[Any], float] = field(repr=False)
     build: Callable[[Any, Any, Any, Path, Sequence[TunerTask]], Any] = field(repr=False)

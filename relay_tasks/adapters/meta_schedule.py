@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 import re
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -31,6 +31,7 @@ from ..lowering.cxx import std_sort
 from ..lowering.extract import Task, lower_function, run_extraction, warn_skipped_dynamic
 from ..optimize.pipeline import PassSettings, extraction_scope
 from ..request import Request
+from .allocation import Allocation
 from .base import (
     Adapter,
     Measurement,
@@ -277,57 +278,146 @@ def merge(tasks: Sequence[TunerTask]) -> ms.ExtractedTask:
 
 
 def tune(
-    tasks: Sequence[TunerTask], target: Target, trials: int, work_dir: Path, runner: Runner
+    tasks: Sequence[TunerTask],
+    target: Target,
+    trials: int,
+    work_dir: Path,
+    runner: Runner,
+    defaults: Mapping[str, float] = MappingProxyType({}),
 ) -> None:
     """``ms.tune_tasks`` into a JSON database in ``work_dir`` until it holds ``trials`` valid
-    measurements; the search effort scales down with the budget."""
+    measurements, each round to the task whose part of the estimated latency it is likeliest to
+    cut (:mod:`.allocation`; ``defaults`` are the default schedules' latencies, by
+    ``alternatives_of``).
+
+    Until the cost model has learnt from ``WARMUP`` measurements it scores candidates at
+    random, and an evolutionary search on random scores is random sampling at many times the
+    cost (on DCGAN 15-30 s of search a round of 10): random traces are replayed until then,
+    then each task is searched with the model, its population sized by the measurements the
+    allocation expects to give it.
+    """
     # Schedule rules look tensor intrinsics up by name; hhb-tvm does not register them itself.
     for module in ("arm_cpu", "cuda", "rocm", "x86"):
         importlib.import_module(f"tvm.tir.tensor_intrin.{module}")
 
-    budget = trials - valid_for(tasks, measurements(work_dir))
+    records = measurements(work_dir)
+    budget = trials - valid_for(tasks, records)
     if budget <= 0:
         return
-    target = _with_num_cores(target)
-    contexts = [
-        ms.TuneContext(
-            mod=t.native.dispatched[0],
-            target=target,
-            space_generator="post-order-apply",
-            search_strategy=_search(max(1, budget // len(tasks))),
-            task_name=t.native.task_name,
-            logger=logger,
-            rand_state=seed,
-            num_threads="physical",
-        ).clone()
-        for t, logger, seed in zip(
-            tasks,
-            ms.logging.get_loggers_from_work_dir(
-                str(work_dir), [_file_part(t.name) for t in tasks]
-            ),
-            ms.utils.fork_seed(None, n=len(tasks)),
-            strict=True,
+    session = _Session(tasks, _with_num_cores(target), work_dir, runner)
+    allocation = Allocation(tasks, records, defaults)
+    warm = min(budget, WARMUP)
+    session.phase(allocation, warm, min(WARM_BATCH, max(1, warm // ROUNDS)), _replay)
+    left = trials - valid_for(tasks, measurements(work_dir))
+    if left > 0:
+        session.phase(allocation, left, min(BATCH, max(1, left // ROUNDS)), _search)
+
+
+#: Measurements the cost model learns from before it scores candidates (upstream's: 100).
+WARMUP = 32
+#: Most measurements per round while candidates are drawn at random, and once searched: a
+#: search costs the same for any number it returns, a round is what an allocation gives at once.
+WARM_BATCH, BATCH = 8, 16
+#: Fewest rounds a phase's budget is cut into, so that the allocation has rounds to give.
+ROUNDS = 4
+
+
+class _Session:
+    """What the phases of one tune share: loggers, seeds, the database and the cost model."""
+
+    def __init__(
+        self, tasks: Sequence[TunerTask], target: Target, work_dir: Path, runner: Runner
+    ) -> None:
+        self.tasks, self.target, self.work_dir, self.runner = tasks, target, work_dir, runner
+        self.loggers = ms.logging.get_loggers_from_work_dir(
+            str(work_dir), [_file_part(t.name) for t in tasks]
         )
-    ]
-    database = WorkDatabase(work_dir, [t.native.dispatched[0] for t in tasks])
-    scheduler = ms.task_scheduler.TaskScheduler.create("gradient")
-    ms.tune_tasks(
-        tasks=contexts,
-        task_weights=[float(t.weight) for t in tasks],
-        work_dir=str(work_dir),
-        max_trials_global=budget,
-        # Small enough that the warm-up round (one batch per task) reaches every task.
-        num_trials_per_iter=max(1, min(BATCH, budget // len(tasks))),
-        builder=_builder(runner),
-        runner=_CommitEach(_runner(runner), scheduler, database),
-        database=database.memory,
-        # The default callbacks less AddToDatabase: the runner has committed every record.
-        measure_callbacks=[
-            ms.measure_callback.RemoveBuildArtifact(),
-            ms.measure_callback.UpdateCostModel(),
-        ],
-        task_scheduler=scheduler,
-    )
+        self.seeds = ms.utils.fork_seed(None, n=len(tasks))
+        self.database = WorkDatabase(work_dir, [t.native.dispatched[0] for t in tasks])
+        self.cost_model = ms.cost_model.XGBModel(
+            num_warmup_samples=WARMUP, num_tuning_cores=_physical_cores(), tree_method="auto"
+        )
+
+    def phase(
+        self, allocation: Allocation, limit: int, batch: int, strategy: Callable[[int], Any]
+    ) -> None:
+        """Rounds of ``batch`` candidates, ``strategy(expected measurements)`` searching each
+        task, until ``limit`` candidates were measured (the last round may pass it)."""
+        allocation.batch = batch
+        contexts = [
+            ms.TuneContext(
+                mod=t.native.dispatched[0],
+                target=self.target,
+                space_generator="post-order-apply",
+                search_strategy=strategy(count),
+                task_name=t.native.task_name,
+                logger=logger,
+                rand_state=seed,
+                num_threads="physical",
+            ).clone()
+            for t, logger, seed, count in zip(
+                self.tasks, self.loggers, self.seeds, allocation.expected(limit), strict=True
+            )
+        ]
+        scheduler = _ByShare(allocation)
+        ms.tune_tasks(
+            tasks=contexts,
+            task_weights=[float(t.weight) for t in self.tasks],
+            work_dir=str(self.work_dir),
+            max_trials_global=limit,
+            num_trials_per_iter=batch,
+            builder=_builder(self.runner),
+            runner=_CommitEach(_runner(self.runner), scheduler, self.database, allocation),
+            database=self.database.memory,
+            cost_model=self.cost_model,
+            # The default callbacks less AddToDatabase: the runner has committed every record.
+            measure_callbacks=[
+                ms.measure_callback.RemoveBuildArtifact(),
+                ms.measure_callback.UpdateCostModel(),
+            ],
+            task_scheduler=scheduler,
+        )
+
+
+def _physical_cores() -> int:
+    from tvm.meta_schedule.utils import cpu_count
+
+    return int(cpu_count(logical=False))
+
+
+def _replay(expected: int) -> Any:
+    return ms.search_strategy.ReplayTrace()
+
+
+def _task_records(scheduler: Any) -> Any:
+    """The scheduler's task records (a derived scheduler answers attributes from its Python
+    side, so they are asked of the TVM object itself)."""
+    return tvm.runtime.Object.__getattr__(scheduler, "tasks_")
+
+
+# TVM's derived_object replaces the class, which mutation tools cannot instrument.
+@ms.derived_object
+class _ByShare(ms.task_scheduler.PyTaskScheduler):  # type: ignore[misc]  # pragma: no mutate block
+    """MetaSchedule's task scheduler with :class:`.allocation.Allocation` choosing the rounds:
+    no warm-up round of every task, the latency known before tuning counted from the start."""
+
+    def __init__(self, allocation: Allocation) -> None:
+        super().__init__()
+        self.allocation = allocation
+        self.last: int | None = None
+
+    def next_task_id(self) -> int:
+        if self.last is not None:
+            self.allocation.round_done(self.last)
+        scheduler = self._outer()
+        alive = []
+        for index, record in enumerate(_task_records(scheduler)):
+            # The runner hands back finished futures: the round just sent is joined here.
+            ms.task_scheduler.TaskScheduler.touch_task(scheduler, index)
+            if not record.is_terminated:
+                alive.append(index)
+        self.last = self.allocation.pick(alive)
+        return -1 if self.last is None else self.last
 
 
 def _file_part(name: str) -> str:
@@ -336,14 +426,11 @@ def _file_part(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_]", "_", name)
 
 
-#: Measurements per round: what an interrupt can lose, and the overshoot past the budget.
-BATCH = 16
-
-
 def _search(budget: int) -> Any:
-    """Evolutionary search sized for the budget: a population of 512 bred over 4 generations
-    is wasted on a handful of trials (minutes of search per measurement on a toy model)."""
-    population = max(32, min(512, 16 * budget))
+    """Evolutionary search sized for a task's ``budget`` of measurements: upstream's population
+    of 512 bred over 4 generations costs 30 s and more a round on two cores, where a round's
+    builds and runs take 10-20 s."""
+    population = max(64, min(256, 8 * budget))
     return ms.search_strategy.EvolutionarySearch(
         population_size=population,
         init_min_unmeasured=min(50, population // 2),
@@ -367,12 +454,18 @@ class _CommitEach(ms.runner.PyRunner):  # type: ignore[misc]  # pragma: no mutat
     the task record whose builds are in and whose futures are not yet set.
     """
 
-    def __init__(self, inner: Any, scheduler: Any, database: WorkDatabase) -> None:
+    def __init__(
+        self, inner: Any, scheduler: Any, database: WorkDatabase, allocation: Allocation
+    ) -> None:
         self.inner, self.scheduler, self.database = inner, scheduler, database
+        self.allocation = allocation
 
     def run(self, runner_inputs: list[Any]) -> list[Any]:
-        task = next(t for t in self.scheduler.tasks_
-                    if t.builder_results is not None and t.runner_futures is None)  # fmt: skip
+        index, task = next(
+            (i, t)
+            for i, t in enumerate(_task_records(self.scheduler))
+            if t.builder_results is not None and t.runner_futures is None
+        )
         workload = self.database.memory.commit_workload(task.ctx.mod)
         built = {}
         for candidate, result in zip(task.measure_candidates, task.builder_results, strict=True):
@@ -380,6 +473,7 @@ class _CommitEach(ms.runner.PyRunner):  # type: ignore[misc]  # pragma: no mutat
                 built[str(result.artifact_path)] = candidate
             else:
                 self._commit(task, workload, candidate, None, str(result.error_msg))
+                self.allocation.measured(index, None)
         running: dict[int, Any] = {}
         results: list[Any] = [None] * len(runner_inputs)
 
@@ -389,6 +483,7 @@ class _CommitEach(ms.runner.PyRunner):  # type: ignore[misc]  # pragma: no mutat
                 candidate = built[str(runner_inputs[k].artifact_path)]
                 error = None if result.error_msg is None else str(result.error_msg)
                 self._commit(task, workload, candidate, result.run_secs, error)
+                self.allocation.measured(index, _seconds(result) if error is None else None)
 
         # One input a call: the local runner measures as it is called, an RPC runner returns
         # at once and measures on as many devices as the tracker lends.
@@ -407,6 +502,12 @@ class _CommitEach(ms.runner.PyRunner):  # type: ignore[misc]  # pragma: no mutat
         trace, info = candidate.sch.trace, candidate.args_info
         record = ms.database.TuningRecord(trace, workload, run_secs, task.ctx.target, info)
         self.database.commit(record, None if error is None else failure_cause(error))
+
+
+def _seconds(result: Any) -> float | None:
+    """A run's latency as the records give it (the mean of its repeats)."""
+    secs = [float(s) for s in result.run_secs or ()]
+    return sum(secs) / len(secs) if secs else None
 
 
 def measurements(work_dir: Path) -> list[Measurement]:

@@ -24,7 +24,7 @@ from ..adapters import Adapter, TunerTask, get_adapter
 from ..adapters.base import Runner, valid_for
 from ..errors import describe_failure
 from ..export import load_tasks
-from .defaults import measure_defaults
+from .defaults import measure_defaults, read_defaults
 from .tune import failure_mark
 
 
@@ -55,7 +55,7 @@ def tune_until(
     rounds can draw only states that fail to instantiate."""
     valid, barren = _valid(adapter, tasks, folder), 0
     while valid < trials and barren < BARREN_PASSES:
-        adapter.tune(tasks, target, trials, folder, runner)
+        adapter.tune(tasks, target, trials, folder, runner, defaults=read_defaults(folder))
         now = _valid(adapter, tasks, folder)
         barren = barren + 1 if now == valid else 0
         valid = now

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sys
 
-import numpy as np
 import pytest
 import tvm
 from tvm import meta_schedule as ms
@@ -33,6 +32,7 @@ from checks import (
     assert_typed_alike,
 )
 from cuda_schedules import cuda_injective_schedules
+from relay_graphs import linked_repeats
 from small_graphs import partitioned_for_ccompiler
 from zoo import CUDA, X86, load, model_target_rows
 
@@ -84,19 +84,6 @@ def test_backend_order_is_upstream_metaschedules(model: str, target: str) -> Non
     assert all(o == u for o, u in weights), weights
 
 
-def _linked_repeats() -> tvm.IRModule:
-    """Three conv blocks with linked params, the last two with the very same weights."""
-    rng = np.random.default_rng(0)
-    weights = [relay.const(rng.standard_normal((8, 8, 3, 3)).astype("float32")) for _ in "ab"]
-    data = relay.var("data", shape=(1, 8, 8, 8))
-    out = data
-    for weight in (weights[1], weights[0], weights[0]):
-        conv = relay.nn.conv2d(out, weight, padding=(1, 1), channels=8, kernel_size=(3, 3))
-        out = relay.nn.relu(conv)
-    mod = tvm.IRModule.from_expr(relay.Function([data], out))
-    return mod.with_attr("executor", relay.backend.Executor("graph", {"link-params": True}))
-
-
 @pytest.mark.parametrize("target", [X86, CUDA])
 def test_linked_constants_are_named_in_each_tuners_lowering_order(target: str) -> None:
     """Tensor constants are named from one supply in lowering order, and the names enter
@@ -104,7 +91,7 @@ def test_linked_constants_are_named_in_each_tuners_lowering_order(target: str) -
     occurrence (drawing a name each time), the VM compiler behind AutoTVM and Ansor once per
     distinct block (a cache hit draws none): with one rule for both, Ansor's two conv tasks
     swapped workload keys. Found by the mutation run."""
-    mod = _linked_repeats()
+    mod = linked_repeats()
     assert_meta_schedule_matches(mod, {}, target)
     with cuda_injective_schedules():
         assert_ansor_matches(mod, {}, target, include_simple_tasks=True)

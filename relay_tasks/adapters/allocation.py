@@ -1,0 +1,112 @@
+"""Which task the next round of measurements goes to: the one whose part of the model's
+estimated latency another round is likeliest to cut.
+
+Upstream's task schedulers give every task a whole round before weighing any (MetaSchedule's
+gradient scheduler 64 candidates each, in extraction order), so a short tune spends its budget
+on whatever comes first, a 0.1%-of-the-FLOPs dense before the convolutions that are the
+model's latency. Here each task starts from what is already known of it: the latency of TVM's
+default schedule (measured before tuning) and the best record of earlier tunes. A task's
+score is its weighted latency so far over the rounds it has had, plus a part for how fast its
+best fell in its last rounds (the shape of upstream's gradient, without the warm-up round):
+measurements go where the latency is, and a task whose curve is flat yields to the others.
+A task of which nothing is known yet (no default, no valid record) is measured first.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from .base import Measurement, TunerTask
+
+#: The weight of the recent fall of a task's best against its latency per round (upstream's).
+ALPHA = 0.2
+#: Rounds over which the recent fall is taken (upstream's window).
+WINDOW = 3
+
+
+@dataclass
+class Share:
+    """What the allocation knows of one task: the best latency known (seconds; the faster of
+    its default schedule and its records), the measurements it has had, and its best after
+    each round of this tune."""
+
+    weight: float
+    best: float | None
+    trials: int
+    history: list[float] = field(default_factory=list)
+
+
+class Allocation:
+    """The rounds of one tune, ``batch`` measurements each (set by the tuner), to the task
+    :meth:`pick` names; :meth:`measured` is told each result as it comes."""
+
+    def __init__(
+        self,
+        tasks: Sequence[TunerTask],
+        measurements: Iterable[Measurement],
+        defaults: Mapping[str, float],
+    ) -> None:
+        by_key: dict[str, list[Measurement]] = {}
+        for m in measurements:
+            by_key.setdefault(m.key, []).append(m)
+        self.batch = 1
+        self.shares = []
+        for task in tasks:
+            mine = by_key.get(task.key, [])
+            known = [float(m.seconds) for m in mine if m.valid]  # type: ignore[arg-type]
+            default = defaults.get(task.alternatives_of)
+            if default is not None:
+                known.append(default)
+            self.shares.append(Share(float(task.weight), min(known, default=None), len(mine)))
+
+    def measured(self, index: int, seconds: float | None) -> None:
+        """One measurement of task ``index``: its latency, or None where it failed."""
+        share = self.shares[index]
+        share.trials += 1
+        if seconds is not None and 0 < seconds < 1e9:
+            share.best = seconds if share.best is None else min(share.best, seconds)
+
+    def pick(self, alive: Sequence[int]) -> int | None:
+        """The task of ``alive`` to measure next (None when none is left): the first of which
+        nothing is known, else the highest score (the first of equals)."""
+        if not alive:
+            return None
+        unknown = [i for i in alive if self.shares[i].best is None and self.shares[i].trials == 0]
+        if unknown:
+            return unknown[0]
+        scores = [self.score(i) for i in alive]
+        best = max(scores)
+        if best == -math.inf:
+            return None  # every task left failed every measurement: nothing to weigh
+        return alive[scores.index(best)]
+
+    def round_done(self, index: int) -> None:
+        """Close task ``index``'s round: its best now is a point of its curve."""
+        share = self.shares[index]
+        if share.best is not None:
+            share.history.append(share.best)
+
+    def score(self, index: int) -> float:
+        """Weighted latency per round had (rounds counted in measurements, so records of
+        earlier tunes count), plus ``ALPHA`` of the fall of the best over the last
+        ``WINDOW`` rounds; a task with no valid latency yet scores lowest."""
+        share = self.shares[index]
+        if share.best is None:
+            return -math.inf
+        rounds = 1 + share.trials / self.batch
+        fall = 0.0
+        if len(share.history) > WINDOW:
+            fall = (share.history[-1 - WINDOW] - share.best) / WINDOW
+        return share.weight * ((1 - ALPHA) * share.best / rounds + ALPHA * fall)
+
+    def expected(self, budget: int) -> list[int]:
+        """Measurements each task may expect of ``budget``, by its part of the weighted
+        latency known (an equal part where nothing is known): what sizes its search."""
+        parts = [s.weight * s.best if s.best is not None else None for s in self.shares]
+        known = [p for p in parts if p is not None]
+        fallback = sum(known) / len(known) if known else 1.0
+        filled = [fallback if p is None else p for p in parts]
+        total = sum(filled) or 1.0
+        return [max(1, round(budget * p / total)) for p in filled]

@@ -1,0 +1,124 @@
+"""Rounds go where the model's latency is: the allocation of measurements among tasks."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from relay_tasks.adapters.allocation import Allocation
+from relay_tasks.adapters.base import Measurement, TunerTask
+
+from zoo import load
+
+
+def _task(key: str, weight: int = 1, group: str = "") -> TunerTask:
+    return TunerTask(key, weight, "op", key, None, group=group)
+
+
+def _rounds(allocation: Allocation, alive: list[int], count: int) -> list[int]:
+    """The tasks of ``count`` rounds in which nothing gets faster."""
+    picked = []
+    for _ in range(count):
+        index = allocation.pick(alive)
+        assert index is not None
+        for _ in range(allocation.batch):
+            allocation.measured(index, 1.0)  # slower than every default: nothing improves
+        allocation.round_done(index)
+        picked.append(index)
+    return picked
+
+
+def test_rounds_follow_the_weighted_latency_of_the_defaults() -> None:
+    """A task of 60% of the latency gets the first rounds, then shares them with the 30% one;
+    the 1% task gets none of the first ten."""
+    tasks = [_task("tiny"), _task("big"), _task("mid")]
+    allocation = Allocation(tasks, [], {"tiny": 0.001, "big": 0.06, "mid": 0.03})
+    allocation.batch = 4
+    picked = _rounds(allocation, [0, 1, 2], 10)
+    assert picked[:2] == [1, 1]
+    assert picked.count(1) > picked.count(2) > 0
+    assert 0 not in picked
+
+
+def test_weight_multiplies_a_tasks_latency() -> None:
+    tasks = [_task("once", weight=1), _task("thrice", weight=3)]
+    allocation = Allocation(tasks, [], {"once": 0.02, "thrice": 0.01})
+    assert allocation.pick([0, 1]) == 1
+
+
+def test_a_task_of_which_nothing_is_known_is_measured_first() -> None:
+    tasks = [_task("big"), _task("unknown"), _task("also")]
+    allocation = Allocation(tasks, [], {"big": 1.0})
+    assert allocation.pick([0, 1, 2]) == 1
+    allocation.measured(1, 0.5)
+    assert allocation.pick([0, 1, 2]) == 2
+
+
+def test_a_task_that_only_failed_is_not_picked_again() -> None:
+    allocation = Allocation([_task("a"), _task("b")], [], {})
+    allocation.measured(0, None)
+    assert allocation.pick([0, 1]) == 1
+    allocation.measured(1, None)
+    assert allocation.score(0) == -math.inf
+    assert allocation.pick([0, 1]) is None
+    assert allocation.pick([]) is None
+
+
+def test_the_records_of_earlier_tunes_count() -> None:
+    """A task already measured many times, and fast by its records, yields to one that is not,
+    though their defaults are equal."""
+    earlier = [Measurement("a", 0.004)] * 40 + [Measurement("a", None, "failed")]
+    allocation = Allocation([_task("a"), _task("b")], earlier, {"a": 0.01, "b": 0.01})
+    allocation.batch = 8
+    assert allocation.shares[0].best == 0.004 and allocation.shares[0].trials == 41
+    assert allocation.pick([0, 1]) == 1
+
+
+def test_alternatives_share_their_functions_default() -> None:
+    tasks = [_task("x", group="f"), _task("y", group="f")]
+    allocation = Allocation(tasks, [], {"f": 0.02})
+    assert [s.best for s in allocation.shares] == [0.02, 0.02]
+
+
+def test_a_falling_curve_keeps_its_task_ahead() -> None:
+    """Two tasks of equal latency and rounds: the one whose best fell over its last rounds
+    scores higher than the one whose curve is flat."""
+    allocation = Allocation([_task("falls"), _task("flat")], [], {})
+    allocation.batch = 1
+    for seconds in (0.04, 0.03, 0.02, 0.01, 0.01):
+        allocation.measured(0, seconds)
+        allocation.round_done(0)
+    for _ in range(5):
+        allocation.measured(1, 0.01)
+        allocation.round_done(1)
+    assert allocation.score(0) > allocation.score(1)
+    assert allocation.pick([0, 1]) == 0
+
+
+def test_expected_measurements_follow_the_shares() -> None:
+    tasks = [_task("big"), _task("small"), _task("unknown")]
+    allocation = Allocation(tasks, [], {"big": 0.03, "small": 0.01})
+    # The unknown task counts as the mean of the known ones: 0.02 of 0.06 in all.
+    assert allocation.expected(60) == [30, 10, 20]
+    assert allocation.expected(1) == [1, 1, 1]  # every task's search is sized for one at least
+    assert Allocation(tasks, [], {}).expected(30) == [10, 10, 10]
+
+
+@pytest.mark.xdist_group("tuning")
+@pytest.mark.parametrize("tuner", ["meta_schedule", "ansor"])
+def test_a_tune_measures_where_the_latency_is(tuner: str, tmp_path) -> None:
+    """Three tasks, the last nearly all of the latency by their defaults: a short tune
+    measures only that one (upstream's schedulers measure every task first, in order)."""
+    import relay_tasks
+    from relay_tasks.adapters import get_adapter
+    from relay_tasks.adapters.base import Runner
+
+    adapter, target = get_adapter(tuner), relay_tasks.host_target()
+    mod, params = load("dense_softmax")
+    tasks = adapter.extract(mod, target, params)
+    assert len(tasks) == 3
+    defaults = {t.alternatives_of: 1e-6 for t in tasks[:-1]} | {tasks[-1].alternatives_of: 1.0}
+    adapter.tune(tasks, target, 3, tmp_path, Runner(), defaults=defaults)
+    measured = adapter.measurements(tmp_path)
+    assert measured and {m.key for m in measured} == {tasks[-1].key}
