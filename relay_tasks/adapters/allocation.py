@@ -24,6 +24,9 @@ from .base import Measurement, TunerTask
 ALPHA = 0.2
 #: Rounds over which the recent fall is taken (upstream's window).
 WINDOW = 3
+#: Measurements that count as one round when tasks are weighed: a fixed unit, so that a pass
+#: in small rounds (what a resumed tune has left) weighs tasks as the first pass did.
+ROUND = 16
 
 
 @dataclass
@@ -39,8 +42,8 @@ class Share:
 
 
 class Allocation:
-    """The rounds of one tune, ``batch`` measurements each (set by the tuner), to the task
-    :meth:`pick` names; :meth:`measured` is told each result as it comes."""
+    """The rounds of one tune, each to the task :meth:`pick` names; :meth:`measured` is told
+    each result as it comes, :meth:`round_done` when a round ends."""
 
     def __init__(
         self,
@@ -51,7 +54,7 @@ class Allocation:
         by_key: dict[str, list[Measurement]] = {}
         for m in measurements:
             by_key.setdefault(m.key, []).append(m)
-        self.batch = 1
+        self.groups = [task.alternatives_of for task in tasks]
         self.shares = []
         for task in tasks:
             mine = by_key.get(task.key, [])
@@ -89,24 +92,46 @@ class Allocation:
             share.history.append(share.best)
 
     def score(self, index: int) -> float:
-        """Weighted latency per round had (rounds counted in measurements, so records of
-        earlier tunes count), plus ``ALPHA`` of the fall of the best over the last
+        """Weighted latency per round had (rounds of ``ROUND`` measurements, records of
+        earlier tunes counted), plus ``ALPHA`` of the fall of the best over the last
         ``WINDOW`` rounds; a task with no valid latency yet scores lowest."""
         share = self.shares[index]
         if share.best is None:
             return -math.inf
-        rounds = 1 + share.trials / self.batch
+        rounds = 1 + share.trials / ROUND
         fall = 0.0
         if len(share.history) > WINDOW:
             fall = (share.history[-1 - WINDOW] - share.best) / WINDOW
         return share.weight * ((1 - ALPHA) * share.best / rounds + ALPHA * fall)
 
     def expected(self, budget: int) -> list[int]:
-        """Measurements each task may expect of ``budget``, by its part of the weighted
-        latency known (an equal part where nothing is known): what sizes its search."""
-        parts = [s.weight * s.best if s.best is not None else None for s in self.shares]
-        known = [p for p in parts if p is not None]
+        """Measurements each task may expect of ``budget`` (at least one): what sizes its
+        search."""
+        return [max(1, n) for n in apportion(budget, self.parts())]
+
+    def parts(self) -> list[float]:
+        """Each task's part of the weighted latency known: the mean of the known parts where
+        nothing is known, and a function's part split among its alternatives (AutoTVM's
+        ``dense_pack`` and ``dense_nopack`` are one function, run once)."""
+        raw = [s.weight * s.best if s.best is not None else None for s in self.shares]
+        known = [p for p in raw if p is not None]
         fallback = sum(known) / len(known) if known else 1.0
-        filled = [fallback if p is None else p for p in parts]
-        total = sum(filled) or 1.0
-        return [max(1, round(budget * p / total)) for p in filled]
+        sizes = {g: self.groups.count(g) for g in self.groups}
+        return [
+            (fallback if p is None else p) / sizes[g] for p, g in zip(raw, self.groups, strict=True)
+        ]
+
+
+def apportion(total: int, parts: Sequence[float]) -> list[int]:
+    """``total`` in whole shares proportional to ``parts`` (largest remainders, the first of
+    equal remainders first): equal parts give ``total // n`` each and one more to the first
+    ``total % n``."""
+    whole = sum(parts)
+    if whole <= 0:
+        parts, whole = [1.0] * len(parts), float(len(parts))
+    exact = [total * p / whole for p in parts]
+    shares = [math.floor(x) for x in exact]
+    order = sorted(range(len(parts)), key=lambda i: (-(exact[i] - shares[i]), i))
+    for i in order[: total - sum(shares)]:
+        shares[i] += 1
+    return shares

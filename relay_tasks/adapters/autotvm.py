@@ -40,6 +40,7 @@ from ..lowering.extract import (
 )
 from ..optimize.pipeline import PassSettings, extraction_scope
 from ..request import Request
+from .allocation import Allocation, apportion
 from .base import (
     Adapter,
     Measurement,
@@ -341,16 +342,22 @@ def tune(
     runner: Runner,
     defaults: Mapping[str, float] = MappingProxyType({}),
 ) -> None:
-    """XGBTuner per task, until the log holds ``trials`` valid measurements in all (see
-    :func:`allotments`; a failed measurement does not count, so a rerun retries it)."""
+    """XGBTuner per task, until the log holds ``trials`` valid measurements in all, each task's
+    share of them by its part of the latency known (``defaults``, the default schedules'
+    latencies, and the records; see :func:`allotments`); a failed measurement does not count,
+    so a rerun retries it."""
     log = work_dir / LOG
+    records = measurements(work_dir)
     valid: dict[str, int] = {}
-    for m in measurements(work_dir):
+    for m in records:
         valid[m.key] = valid.get(m.key, 0) + m.valid
     natives = [create_task(t.native.name, t.native.args, target) for t in tasks]
     history = list(autotvm.record.load_from_file(str(log))) if log.exists() else []
     plan = allotments(
-        trials, [valid.get(t.key, 0) for t in tasks], [len(n.config_space) for n in natives]
+        trials,
+        [valid.get(t.key, 0) for t in tasks],
+        [len(n.config_space) for n in natives],
+        Allocation(tasks, records, defaults).parts(),
     )
     with _measure_option(runner) as measure:
         for task, remaining in zip(natives, plan, strict=True):
@@ -367,16 +374,21 @@ def tune(
             )
 
 
-def allotments(trials: int, valid: Sequence[int], spaces: Sequence[int]) -> list[int]:
-    """Trials each task still gets: task i's share is ``trials // n``, one more for the first
-    ``trials % n``, capped by its config space, less what it already holds; in all never more
-    than ``trials`` less every valid measurement, so a task that ran past its share (a budget
-    interrupted earlier) leaves the later tasks less rather than overshooting ``trials``."""
-    n = len(valid)
+def allotments(
+    trials: int,
+    valid: Sequence[int],
+    spaces: Sequence[int],
+    parts: Sequence[float] | None = None,
+) -> list[int]:
+    """Trials each task still gets: task i's share of ``trials`` is proportional to
+    ``parts[i]`` (equal parts: ``trials // n``, one more for the first ``trials % n``), capped
+    by its config space, less what it already holds; in all never more than ``trials`` less
+    every valid measurement, so a task that ran past its share (a budget interrupted earlier)
+    leaves the later tasks less rather than overshooting ``trials``."""
+    shares = apportion(trials, [1.0] * len(valid) if parts is None else parts)
     left = max(0, trials - sum(valid))
     plan = []
-    for i, (have, space) in enumerate(zip(valid, spaces, strict=True)):
-        share = trials // n + (i < trials % n)
+    for have, space, share in zip(valid, spaces, shares, strict=True):
         take = min(left, max(0, min(share, space) - have))
         plan.append(take)
         left -= take

@@ -343,7 +343,6 @@ class _Session:
     ) -> None:
         """Rounds of ``batch`` candidates, ``strategy(expected measurements)`` searching each
         task, until ``limit`` candidates were measured (the last round may pass it)."""
-        allocation.batch = batch
         contexts = [
             ms.TuneContext(
                 mod=t.native.dispatched[0],

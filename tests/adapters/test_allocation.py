@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from relay_tasks.adapters.allocation import Allocation
+from relay_tasks.adapters.allocation import ROUND, Allocation, apportion
 from relay_tasks.adapters.base import Measurement, TunerTask
 
 from zoo import load
@@ -17,12 +17,12 @@ def _task(key: str, weight: int = 1, group: str = "") -> TunerTask:
 
 
 def _rounds(allocation: Allocation, alive: list[int], count: int) -> list[int]:
-    """The tasks of ``count`` rounds in which nothing gets faster."""
+    """The tasks of ``count`` rounds of ``ROUND`` measurements in which nothing gets faster."""
     picked = []
     for _ in range(count):
         index = allocation.pick(alive)
         assert index is not None
-        for _ in range(allocation.batch):
+        for _ in range(ROUND):
             allocation.measured(index, 1.0)  # slower than every default: nothing improves
         allocation.round_done(index)
         picked.append(index)
@@ -34,7 +34,6 @@ def test_rounds_follow_the_weighted_latency_of_the_defaults() -> None:
     the 1% task gets none of the first ten."""
     tasks = [_task("tiny"), _task("big"), _task("mid")]
     allocation = Allocation(tasks, [], {"tiny": 0.001, "big": 0.06, "mid": 0.03})
-    allocation.batch = 4
     picked = _rounds(allocation, [0, 1, 2], 10)
     assert picked[:2] == [1, 1]
     assert picked.count(1) > picked.count(2) > 0
@@ -70,22 +69,35 @@ def test_the_records_of_earlier_tunes_count() -> None:
     though their defaults are equal."""
     earlier = [Measurement("a", 0.004)] * 40 + [Measurement("a", None, "failed")]
     allocation = Allocation([_task("a"), _task("b")], earlier, {"a": 0.01, "b": 0.01})
-    allocation.batch = 8
     assert allocation.shares[0].best == 0.004 and allocation.shares[0].trials == 41
     assert allocation.pick([0, 1]) == 1
 
 
-def test_alternatives_share_their_functions_default() -> None:
-    tasks = [_task("x", group="f"), _task("y", group="f")]
-    allocation = Allocation(tasks, [], {"f": 0.02})
-    assert [s.best for s in allocation.shares] == [0.02, 0.02]
+def test_alternatives_share_their_functions_default_and_part() -> None:
+    tasks = [_task("x", group="f"), _task("y", group="f"), _task("z")]
+    allocation = Allocation(tasks, [], {"f": 0.02, "z": 0.02})
+    assert [s.best for s in allocation.shares] == [0.02, 0.02, 0.02]
+    assert allocation.parts() == [0.01, 0.01, 0.02]  # one function, run once: half each
+
+
+@pytest.mark.parametrize(
+    ("total", "parts", "shares"),
+    [
+        (7, [1, 1, 1], [3, 2, 2]),  # equal parts: the first ones one more
+        (10, [0.06, 0.03, 0.01], [6, 3, 1]),
+        (10, [2, 1], [7, 3]),  # the larger remainder first
+        (3, [0, 0, 0], [1, 1, 1]),  # nothing known of any: equal
+        (0, [1, 2], [0, 0]),
+    ],
+)
+def test_apportion_is_whole_and_proportional(total, parts, shares) -> None:
+    assert apportion(total, parts) == shares
 
 
 def test_a_falling_curve_keeps_its_task_ahead() -> None:
     """Two tasks of equal latency and rounds: the one whose best fell over its last rounds
     scores higher than the one whose curve is flat."""
     allocation = Allocation([_task("falls"), _task("flat")], [], {})
-    allocation.batch = 1
     for seconds in (0.04, 0.03, 0.02, 0.01, 0.01):
         allocation.measured(0, seconds)
         allocation.round_done(0)

@@ -182,6 +182,14 @@ def test_allotments_spend_only_the_missing_trials(trials, valid, spaces, plan) -
         allotments(trials, valid, spaces[1:])  # a config space per task, or a bug upstream of here
 
 
+def test_allotments_follow_each_tasks_part_of_the_latency() -> None:
+    from relay_tasks.adapters.autotvm import allotments
+
+    assert allotments(10, [0, 0, 0], [100, 100, 100], [0.06, 0.03, 0.01]) == [6, 3, 1]
+    assert allotments(10, [0, 0, 0], [2, 100, 100], [0.06, 0.03, 0.01]) == [2, 3, 1]
+    assert allotments(10, [0, 0, 4], [100, 100, 100], [0.06, 0.03, 0.01]) == [6, 0, 0]
+
+
 def test_measurements_are_read_from_autotvms_own_log(tmp_path) -> None:
     """Records written by AutoTVM's encoder: a valid one is its mean cost, a failure names its
     error and the cause tune kept beside the log (AutoTVM keeps none in it), a record of another
