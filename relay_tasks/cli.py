@@ -80,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
         "their records and are not tuned again",
     )
     _rpc_options(tune)
-    tune.add_argument("--timeout", type=float, default=20.0, help="seconds per measurement")
+    tune.add_argument("--timeout", type=float, default=10.0, help="seconds per build and per run")
 
     status = verbs.add_parser(
         "status",

@@ -482,7 +482,7 @@ def test_each_verb_parses_to_its_documented_defaults() -> None:
     assert (tune.models, tune.trials, tune.timeout, tune.work_dir) == (
         ["tasks.json"],
         64,
-        20.0,
+        10.0,
         "w",
     )
     assert (tune.rpc_tracker, tune.rpc_key, tune.tuner) == (None, None, "meta_schedule")
@@ -577,7 +577,7 @@ def test_tune_takes_a_task_file_for_its_own_tuner_and_target(
     ((tasks, target, options),) = tune_calls
     assert [t.key for t in tasks] == [t.key for t in load_tasks(tasks_json).tasks]
     assert str(target) == str(tvm.target.Target(X86))
-    assert (options["tuner"], options["trials"], options["timeout"]) == ("ansor", 64, 20.0)
+    assert (options["tuner"], options["trials"], options["timeout"]) == ("ansor", 64, 10.0)
     capsys.readouterr()
     refusals = {
         (): f"{tasks_json} holds ansor tasks for {tvm.target.Target(X86)}; drop --target and "

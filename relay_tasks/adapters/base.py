@@ -64,7 +64,7 @@ class Runner:
 
     tracker: tuple[str, int] | None = None
     key: str | None = None
-    timeout: float = 20.0
+    timeout: float = 10.0
 
 
 @dataclass(frozen=True)

@@ -307,19 +307,27 @@ def tune(
     session = _Session(tasks, _with_num_cores(target), work_dir, runner)
     allocation = Allocation(tasks, records, defaults)
     warm = min(budget, WARMUP)
-    session.phase(allocation, warm, min(WARM_BATCH, max(1, warm // ROUNDS)), _replay)
+    session.phase(allocation, warm, _round(warm, WARM_BATCH), _replay)
     left = trials - valid_for(tasks, measurements(work_dir))
     if left > 0:
-        session.phase(allocation, left, min(BATCH, max(1, left // ROUNDS)), _search)
+        session.phase(allocation, left, _round(left, BATCH), _search)
 
 
 #: Measurements the cost model learns from before it scores candidates (upstream's: 100).
 WARMUP = 32
 #: Most measurements per round while candidates are drawn at random, and once searched: a
-#: search costs the same for any number it returns, a round is what an allocation gives at once.
-WARM_BATCH, BATCH = 8, 16
-#: Fewest rounds a phase's budget is cut into, so that the allocation has rounds to give.
-ROUNDS = 4
+#: search costs about the same for any number it returns (15-25 s on DCGAN's convolutions at a
+#: population of 128), a round is what the allocation gives at once.
+WARM_BATCH, BATCH = 8, 32
+#: Fewest rounds a phase's budget is cut into, so that the allocation has rounds to give;
+#: but never rounds of fewer than MIN_ROUND where the budget has more (every round restarts
+#: the builder's processes: a second each).
+ROUNDS, MIN_ROUND = 4, 4
+
+
+def _round(budget: int, most: int) -> int:
+    """Candidates a round for a phase of ``budget`` measurements."""
+    return min(most, budget, max(MIN_ROUND, budget // ROUNDS))
 
 
 class _Session:
@@ -426,10 +434,11 @@ def _file_part(name: str) -> str:
 
 
 def _search(budget: int) -> Any:
-    """Evolutionary search sized for a task's ``budget`` of measurements: upstream's population
-    of 512 bred over 4 generations costs 30 s and more a round on two cores, where a round's
-    builds and runs take 10-20 s."""
-    population = max(64, min(256, 8 * budget))
+    """Evolutionary search sized for a task's ``budget`` of measurements. Its cost grows with
+    the population (each generation mutates and scores all of it): upstream's 512 bred over 4
+    generations is a minute of search a round on two cores, 256 over 2 still 25-30 s where the
+    round's builds and runs take 10-20 s."""
+    population = max(64, min(128, 4 * budget))
     return ms.search_strategy.EvolutionarySearch(
         population_size=population,
         init_min_unmeasured=min(50, population // 2),

@@ -67,7 +67,7 @@ def tune(
     work_dir: str | Path,
     rpc_tracker: str | None = None,
     rpc_key: str | None = None,
-    timeout: float = 20.0,
+    timeout: float = 10.0,
     reuse: Sequence[str | Path] = (),
 ) -> Standing:
     """Tune until ``work_dir`` holds ``trials`` valid measurements; returns every task's standing.
