@@ -110,16 +110,17 @@ class Allocation:
         return [max(1, n) for n in apportion(budget, self.parts())]
 
     def parts(self) -> list[float]:
-        """Each task's part of the weighted latency known: the mean of the known parts where
-        nothing is known, and a function's part split among its alternatives (AutoTVM's
-        ``dense_pack`` and ``dense_nopack`` are one function, run once)."""
-        raw = [s.weight * s.best if s.best is not None else None for s in self.shares]
-        known = [p for p in raw if p is not None]
-        fallback = sum(known) / len(known) if known else 1.0
+        """Each task's part of the weighted latency known, the mean of the known parts where
+        nothing is known. Alternatives of one function (AutoTVM's ``dense_pack`` and
+        ``dense_nopack``) share its part equally: the build runs the fastest of them once."""
+        fastest: dict[str, float] = {}
+        for group, share in zip(self.groups, self.shares, strict=True):
+            if share.best is not None:
+                part = share.weight * share.best
+                fastest[group] = min(fastest.get(group, part), part)
+        fallback = sum(fastest.values()) / len(fastest) if fastest else 1.0
         sizes = {g: self.groups.count(g) for g in self.groups}
-        return [
-            (fallback if p is None else p) / sizes[g] for p, g in zip(raw, self.groups, strict=True)
-        ]
+        return [fastest.get(g, fallback) / sizes[g] for g in self.groups]
 
 
 def apportion(total: int, parts: Sequence[float]) -> list[int]:

@@ -74,10 +74,12 @@ def test_the_records_of_earlier_tunes_count() -> None:
 
 
 def test_alternatives_share_their_functions_default_and_part() -> None:
+    """One function, run once with its fastest alternative: its part (of the faster one)
+    halved between the two, whichever is faster so far."""
     tasks = [_task("x", group="f"), _task("y", group="f"), _task("z")]
-    allocation = Allocation(tasks, [], {"f": 0.02, "z": 0.02})
-    assert [s.best for s in allocation.shares] == [0.02, 0.02, 0.02]
-    assert allocation.parts() == [0.01, 0.01, 0.02]  # one function, run once: half each
+    allocation = Allocation(tasks, [Measurement("y", 0.01)], {"f": 0.02, "z": 0.02})
+    assert [s.best for s in allocation.shares] == [0.02, 0.01, 0.02]
+    assert allocation.parts() == [0.005, 0.005, 0.02]
 
 
 @pytest.mark.parametrize(
