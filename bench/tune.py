@@ -80,27 +80,27 @@ def _bert(layers: int, seq: int = 64, hidden: int = 256, heads: int = 4) -> tupl
         return relay.var(name, shape=shape)
 
     def dense(x: Any, name: str, units: int, width: int) -> Any:
-        return relay.nn.bias_add(relay.nn.dense(x, weight(f"{name}.w", (units, width))),
-                                 weight(f"{name}.b", (units,)))  # fmt: skip
+        return relay.nn.bias_add(relay.nn.dense(x, weight(f"{name}_w", (units, width))),
+                                 weight(f"{name}_b", (units,)))  # fmt: skip
 
     def norm(x: Any, name: str) -> Any:
         return relay.nn.layer_norm(
-            x, weight(f"{name}.g", (hidden,)), weight(f"{name}.b", (hidden,))
+            x, weight(f"{name}_g", (hidden,)), weight(f"{name}_b", (hidden,))
         )
 
     x = relay.var("input", shape=(seq, hidden))
     h, size = x, hidden // heads
     for i in range(layers):
-        q, k, v = (relay.transpose(relay.reshape(dense(h, f"l{i}.{n}", hidden, hidden),
+        q, k, v = (relay.transpose(relay.reshape(dense(h, f"l{i}_{n}", hidden, hidden),
                                                  (seq, heads, size)), (1, 0, 2))
                    for n in "qkv")  # fmt: skip
         scores = relay.nn.softmax(relay.nn.batch_matmul(q, k) * relay.const(size**-0.5))
         context = relay.nn.batch_matmul(scores, relay.transpose(v, (0, 2, 1)))
         merged = relay.reshape(relay.transpose(context, (1, 0, 2)), (seq, hidden))
-        h = norm(h + dense(merged, f"l{i}.o", hidden, hidden), f"l{i}.n1")
-        up = dense(h, f"l{i}.f1", 4 * hidden, hidden)
+        h = norm(h + dense(merged, f"l{i}_o", hidden, hidden), f"l{i}_n1")
+        up = dense(h, f"l{i}_f1", 4 * hidden, hidden)
         inner = up * relay.const(0.5) * (relay.const(1.0) + relay.erf(up * relay.const(2**-0.5)))
-        h = norm(h + dense(inner, f"l{i}.f2", hidden, 4 * hidden), f"l{i}.n2")
+        h = norm(h + dense(inner, f"l{i}_f2", hidden, 4 * hidden), f"l{i}_n2")
     free = relay.analysis.free_vars(h)
     mod = tvm.IRModule.from_expr(relay.Function(free, h))
     return relay.transform.InferType()(mod), params
@@ -216,13 +216,15 @@ def _tasks(tuner: str, arguments: list[str]) -> list[Any]:
     return relay_tasks.extract(mod, relay_tasks.host_target(), params, tuner=tuner)
 
 
-def _defaults(tasks: list[Any], folder: Path) -> dict[str, float]:
-    """Each task's default-schedule latency, measured here once for both sides' estimates."""
+def _defaults(tuner: str, tasks: list[Any], folder: Path) -> dict[str, float]:
+    """Each task's latency without records (the tuner's build of it), measured here once for
+    both sides' estimates."""
     import relay_tasks
+    from relay_tasks.adapters import get_adapter
     from relay_tasks.tuning.defaults import measure_defaults, read_defaults
 
     folder.mkdir(parents=True, exist_ok=True)
-    measure_defaults(tasks, relay_tasks.host_target(), folder)
+    measure_defaults(get_adapter(tuner), tasks, relay_tasks.host_target(), folder)
     return read_defaults(folder)
 
 
@@ -393,7 +395,7 @@ def main() -> None:
         rows = []
         for tuner in args.tuners:
             tasks = _tasks(tuner, models[model])
-            defaults = _defaults(tasks, args.out / "defaults" / f"{model}-{tuner}")
+            defaults = _defaults(tuner, tasks, args.out / "defaults" / f"{model}-{tuner}")
             for turn, budget in enumerate(args.budgets):
                 sides = ("upstream", "ours") if turn % 2 == 0 else ("ours", "upstream")
                 for side in sides:

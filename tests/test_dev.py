@@ -64,3 +64,18 @@ def test_the_docs_bench_commands_are_the_bench_s_options() -> None:
         args = bench.build_parser().parse_args(words)
         for model in args.models or bench.DEFAULT_MODELS:
             assert model in BENCH_MODELS or model in MODELS or "." in model, (command, model)
+
+
+def test_every_tuning_bench_model_loads_as_relay_tasks_loads_it(tmp_path: Path) -> None:
+    """The tuning bench hands each model to ``relay-tasks`` as arguments (a built-in name, or
+    Relay text and params it wrote): each loads and has tasks (BERT-2's dotted weight names
+    once made its Relay text unparsable)."""
+    import relay_tasks
+
+    repo = Path(__file__).resolve().parent.parent
+    tuning = _module(repo / "bench" / "tune.py")
+    made = tuning._models(tmp_path)
+    assert set(made) == set(tuning.MODELS)
+    for model, arguments in made.items():
+        mod, params = tuning._load(arguments)
+        assert relay_tasks.extract(mod, X86, params, tuner="meta_schedule"), model

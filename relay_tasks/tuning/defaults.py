@@ -1,11 +1,16 @@
-"""Each task's latency with TVM's default schedule, so a build never takes a worse tuned one.
+"""Each task's latency without records, so a build never takes a worse tuned one.
 
 The first measurements of a search are random schedules, often slower than the schedule TOPI
 gives the operator by default (on DCGAN, MetaSchedule's best of five random schedules of a
 transposed convolution took 60-90 ms where the default takes 13): a model built with such
 records is slower than untuned. So before tuning on this machine, the worker measures each
-task's primitive function built alone with TVM's defaults, once per work dir, and ``compile``
-applies a task's records only where their best beats that; the rest keep TVM's default.
+task's primitive function built alone as the tuner's build builds a task it has no record
+of, once per work dir, and ``compile`` applies a task's records only where their best beats
+that. That default is the tuner's own: AutoTVM's is TOPI's schedule, but under MetaSchedule
+and Ansor many x86 strategies (dense, batch_matmul, matmul, conv3d) pick an implementation
+with TVM's naive schedule, left for the tuner to schedule (BERT-2's dense layers: 15 ms of a
+model TOPI runs in 3.7), so the allocation of measurements sees those tasks for what they
+cost untuned.
 
 The latencies are kept in ``defaults.jsonl``, ``{"task": key, "seconds": s}`` a line, read
 back through :func:`read_defaults`'s allowlist.
@@ -16,13 +21,13 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..adapters import TunerTask
+from ..adapters import Adapter, TunerTask
 from ..adapters.base import damaged, record_lines
 from ..adapters.journal import append
 
@@ -51,8 +56,11 @@ def read_defaults(work_dir: Path) -> dict[str, float]:
     return found
 
 
-def measure_defaults(tasks: Sequence[TunerTask], target: Any, work_dir: Path) -> None:
-    """Measure, on this machine, the default latency of each task the work dir has none for."""
+def measure_defaults(
+    adapter: Adapter, tasks: Sequence[TunerTask], target: Any, work_dir: Path
+) -> None:
+    """Measure, on this machine, the default latency of each task the work dir has none for,
+    each built by ``adapter``'s build with no records."""
     known = read_defaults(work_dir)
     done: set[str] = set()
     for task in tasks:
@@ -60,15 +68,17 @@ def measure_defaults(tasks: Sequence[TunerTask], target: Any, work_dir: Path) ->
         if key in known or key in done or task.source is None:
             continue
         done.add(key)
-        seconds = default_seconds(task.source.func, target)
+        seconds = default_seconds(
+            task.source.func, target, lambda mod: adapter.build(mod, target, None, work_dir, [])
+        )
         if seconds is not None:
             append(work_dir, [(DEFAULTS_FILE, [json.dumps({"task": key, "seconds": seconds})])])
 
 
-def default_seconds(func: Any, target: Any) -> float | None:
-    """The primitive function ``func`` built alone with TVM's default schedules and timed
-    (the median of 3 repeats of at least 100 ms, as MetaSchedule's runner times a candidate);
-    None where it cannot be built alone."""
+def default_seconds(func: Any, target: Any, build: Callable[[Any], Any]) -> float | None:
+    """The primitive function ``func`` built alone by ``build`` (a module in, a graph
+    executor factory out) and timed (the median of 3 repeats of at least 100 ms, as
+    MetaSchedule's runner times a candidate); None where it cannot be built alone."""
     import tvm
     from tvm import relay
     from tvm.contrib import graph_executor
@@ -76,8 +86,7 @@ def default_seconds(func: Any, target: Any) -> float | None:
     main = relay.Function(list(func.params), func.body)  # not Primitive: built as a model
     mod = relay.transform.InferType()(tvm.IRModule.from_expr(main))
     try:
-        with tvm.transform.PassContext(opt_level=3):
-            library = relay.build(mod, target=target)
+        library = build(mod)
     except Exception:  # a function TVM cannot build alone: no default to compare with
         return None
     device = tvm.cpu(0)

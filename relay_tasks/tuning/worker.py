@@ -36,9 +36,10 @@ def main(argv: list[str]) -> int:
         loaded = load_tasks(tasks)
         tracker = tuple(runner["tracker"]) if runner["tracker"] else None
         options = Runner(tracker, runner["key"], runner["timeout"])
+        adapter = get_adapter(loaded.tuner)
         if tracker is None:  # a device's defaults would be measured on it: not done yet
-            measure_defaults(loaded.tasks, loaded.target, folder)
-        tune_until(get_adapter(loaded.tuner), loaded.tasks, loaded.target, trials, folder, options)
+            measure_defaults(adapter, loaded.tasks, loaded.target, folder)
+        tune_until(adapter, loaded.tasks, loaded.target, trials, folder, options)
     except Exception as err:
         traceback.print_exc()
         print(f"{failure_mark(os.getpid())}{describe_failure(err)}", file=sys.stderr, flush=True)

@@ -82,6 +82,30 @@ def test_records_slower_than_the_default_schedule_are_not_built(
     assert ("slower than TVM's default schedule (built with it): " in err) == (default < 1)
 
 
+def test_a_tasks_default_is_what_its_tuners_build_gives_it_without_records(tiny, tmp_path):
+    """The default is measured on the tuner's own build with no records (under MetaSchedule
+    the dense is TVM's naive schedule there, not TOPI's), once per work dir."""
+    from dataclasses import replace
+
+    import relay_tasks
+    from relay_tasks.adapters import get_adapter
+    from relay_tasks.tuning.defaults import measure_defaults, read_defaults
+
+    adapter, target = get_adapter("meta_schedule"), relay_tasks.host_target()
+    mod, params = load_model(tiny[0], params=tiny[1])
+    tasks = adapter.extract(mod, target, params)
+    built: list[tuple[object, list[object]]] = []
+
+    def build(mod, target, params, work_dir, chosen):
+        built.append((work_dir, list(chosen)))
+        return adapter.build(mod, target, params, work_dir, chosen)
+
+    measure_defaults(replace(adapter, build=build), tasks, target, tmp_path)
+    measure_defaults(replace(adapter, build=build), tasks, target, tmp_path)  # kept: not again
+    assert built == [(tmp_path, [])]
+    assert set(read_defaults(tmp_path)) == {tasks[0].alternatives_of}
+
+
 @pytest.mark.parametrize(
     "line",
     ['{"task": "ab12", "seconds": -1}', '{"task": "../x", "seconds": 1}',
