@@ -7,6 +7,7 @@ Every error is one line on stderr and an exit code named by its class, never a t
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import time
@@ -14,7 +15,7 @@ import warnings
 from collections.abc import Sequence
 from contextlib import suppress
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from .adapters import ADAPTERS, TunerTask, get_adapter
 from .adapters.meta_schedule import MODULE_EQUALITIES
@@ -192,6 +193,24 @@ def main(argv: Sequence[str] | None = None) -> int:
             "(please report this with the command you ran)"
         )
         return EXIT_INTERNAL
+
+
+def run() -> NoReturn:
+    """The ``relay-tasks`` command: :func:`main`, then its exit code.
+
+    After ``extract``, the process leaves without freeing what it holds, once its output is
+    flushed: tearing down the heaps of TVM and of a loaded PyTorch model took 0.5 s of a 3.5 s
+    ``extract llama.pt``, and nothing of an extraction waits on exit (no subprocess, no
+    temporary file). The other verbs run subprocesses and their clean-up: they exit as usual.
+    """
+    argv = sys.argv[1:]
+    code = main(argv)
+    if argv[:1] == ["extract"]:
+        for stream in (sys.stdout, sys.stderr):
+            with suppress(OSError, ValueError):
+                stream.flush()
+        os._exit(code)
+    sys.exit(code)
 
 
 def _error_line(text: str) -> None:
@@ -441,4 +460,4 @@ def _write(text: str, output: str | None) -> None:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    run()

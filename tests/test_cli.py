@@ -460,6 +460,23 @@ def test_status_lines_go_to_a_terminal_and_never_to_stdout(tiny_model) -> None:
     assert re.fullmatch(EXTRACTED.format(tasks=1), piped.stderr.strip()), piped.stderr
 
 
+def test_the_commands_quick_exit_keeps_its_output_and_codes(tiny_model, tmp_path) -> None:
+    """``extract`` leaves without tearing the process down: its whole output still arrives on a
+    pipe, and an error keeps its one line and its code."""
+    import subprocess
+    import sys
+
+    text, params = tiny_model
+    command = [sys.executable, "-m", "relay_tasks.cli", "extract", str(text), "--params",
+               str(params), "--target", X86, "--format", "json"]  # fmt: skip
+    piped = subprocess.run(command, capture_output=True, text=True, check=True)
+    assert len(json.loads(piped.stdout)["tasks"]) == 1
+    missing = subprocess.run([*command[:4], str(tmp_path / "none.relay")], capture_output=True,
+                             text=True)  # fmt: skip
+    assert missing.returncode == ModelError.exit_code and missing.stdout == ""
+    assert missing.stderr.startswith("relay-tasks: error:") and missing.stderr.count("\n") == 1
+
+
 def test_each_verb_parses_to_its_documented_defaults() -> None:
     """The defaults the README's usage relies on, verb by verb; omitted required options and
     unknown choices are usage errors."""

@@ -68,6 +68,26 @@ def _exact_sum(fn: Callable[..., Array], attrs: Any, args: Sequence[Array]) -> A
     return None if out.size and wrapped.min() < 0 else out
 
 
+def _floored(fn: Callable[..., Array]) -> Evaluator:
+    return functools.partial(_floored_integers, fn)
+
+
+def _floored_integers(fn: Callable[..., Array], attrs: Any, args: Sequence[Array]) -> Array | None:
+    """Integer ``floor_divide`` and ``floor_mod`` (the frontends' shape arithmetic: a head size
+    from a width): numpy floors as TIR's ``floordiv`` and ``floormod`` do. A zero divisor and
+    the least value divided by -1 have no defined value in LLVM's code; floats round through a
+    division numpy does not do the same way: all of those go to TVM."""
+    a, b = args
+    if str(a.dtype) not in _INT_DTYPES or b.dtype != a.dtype:
+        return None
+    least = np.iinfo(a.dtype).min
+    if np.any(b == 0) or np.any((a == least) & (b == -1)):
+        return None
+    out = aligned_empty(np.broadcast_shapes(a.shape, b.shape), a.dtype)
+    fn(a, b, out=out)
+    return out
+
+
 def _negative(x: Array, *, out: Array) -> Array:
     # TOPI's negative is 0 - x, so -(0.0) stays +0.0 where numpy's unary minus gives -0.0.
     return np.subtract(np.asarray(0, dtype=x.dtype), x, out=out)
@@ -412,6 +432,8 @@ EVALUATORS: dict[str, Evaluator] = {
     "subtract": _sum(np.subtract),
     "multiply": _arith(np.multiply),
     "divide": _arith(np.divide),
+    "floor_divide": _floored(np.floor_divide),
+    "floor_mod": _floored(np.mod),
     "negative": _arith(_negative),
     "abs": _abs,
     "minimum": _select(np.less),

@@ -129,13 +129,17 @@ def _integers(dtype: str, shape: tuple[int, ...]) -> st.SearchStrategy[np.ndarra
     return hnp.arrays(dtype, shape, elements=elements)
 
 
-@pytest.mark.parametrize("op", ["add", "subtract"])
-@FOLD
-@given(
+#: Two broadcastable arrays of one integer dtype, edge values included (see ``_integers``).
+INTEGER_PAIRS = given(
     dtype=st.sampled_from(["int32", "int64"]),
     shape_pair=hnp.mutually_broadcastable_shapes(num_shapes=2, max_dims=3, max_side=4),
     data=st.data(),
 )
+
+
+@pytest.mark.parametrize("op", ["add", "subtract"])
+@FOLD
+@INTEGER_PAIRS
 def test_integer_sums_are_exact_or_left_to_tvm(op, dtype, shape_pair, data) -> None:
     """Integer add and subtract are folded here unless an element overflows, which LLVM's
     no-signed-wrap arithmetic leaves undefined: those go to TVM whatever it makes of them."""
@@ -152,13 +156,39 @@ def test_integer_sums_are_exact_or_left_to_tvm(op, dtype, shape_pair, data) -> N
         assert np.array_equal(ours, exact.astype(dtype))
 
 
+@pytest.mark.parametrize("op", ["floor_divide", "floor_mod"])
+@FOLD
+@INTEGER_PAIRS
+def test_integer_floor_division_is_exact_and_undefined_quotients_are_left_to_tvm(
+    op, dtype, shape_pair, data
+) -> None:
+    """Floored quotients and remainders of integers, negative operands included; a zero divisor
+    or the least value over -1 (no defined value in LLVM's code) goes to TVM."""
+    a_shape, b_shape = shape_pair.input_shapes
+    a, b = data.draw(_integers(dtype, a_shape)), data.draw(_integers(dtype, b_shape))
+    a_wide, b_wide = np.broadcast_arrays(a.astype(object), b.astype(object))
+    undefined = any(
+        y == 0 or (x == np.iinfo(dtype).min and y == -1)
+        for x, y in zip(a_wide.flat, b_wide.flat, strict=True)
+    )
+    call = getattr(relay, op)(constant(a), constant(b))
+    ours = evaluate_call(call, [a, b], relay.transform.InferTypeLocal(call))
+    assert (ours is None) == undefined
+    if ours is not None:
+        _assert_same_bits(ours, _tvm_value(call))
+        exact = (a_wide // b_wide) if op == "floor_divide" else (a_wide % b_wide)
+        assert np.array_equal(ours, np.asarray(exact).astype(dtype))
+
+
+def test_float_floor_division_goes_to_tvm() -> None:
+    a, b = np.array([7.5, -7.5], "float32"), np.array([2.0, 2.0], "float32")
+    call = relay.floor_divide(constant(a), constant(b))
+    assert evaluate_call(call, [a, b], relay.transform.InferTypeLocal(call)) is None
+
+
 @pytest.mark.parametrize("op", ["minimum", "maximum", "abs"])
 @FOLD
-@given(
-    dtype=st.sampled_from(["int32", "int64"]),
-    shape_pair=hnp.mutually_broadcastable_shapes(num_shapes=2, max_dims=3, max_side=4),
-    data=st.data(),
-)
+@INTEGER_PAIRS
 def test_integer_selects_are_exact_and_abs_of_the_least_value_is_left_to_tvm(
     op, dtype, shape_pair, data
 ) -> None:
@@ -637,6 +667,8 @@ def test_every_evaluator_is_exercised_here() -> None:
         "subtract",
         "multiply",
         "divide",
+        "floor_divide",
+        "floor_mod",
         "negative",
         "sqrt",
         "rsqrt",

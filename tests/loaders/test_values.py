@@ -1,0 +1,170 @@
+"""The values TVM's frontends ask for while converting: numpy's answers are TVM's to the bit, the
+conversion is the frontend's own (its types too, found without the Prelude where a graph uses
+none of it), and a Llama's conversion builds nothing with LLVM."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import tvm
+from tvm import relay
+from tvm.relay.frontend import common
+
+from relay_tasks import load_model
+from relay_tasks.loaders import values
+
+from frontend_models import torch_module
+
+#: Models whose conversion asks for values, and the least number numpy answers in each (so no
+#: row passes on nothing).
+ASKING = {
+    "bert-2-layers": ((), 10),
+    "gpt2-2-layers": ((), 40),
+    "vit-small": ((), 10),
+    "llama-2-layers": ((pytest.mark.slow,), 25),
+    "t5-2-layers": ((pytest.mark.slow,), 10),
+}
+
+
+def _rows() -> list[Any]:
+    return [pytest.param(name, marks=marks, id=name) for name, (marks, _) in ASKING.items()]
+
+
+def _answered(monkeypatch: pytest.MonkeyPatch) -> list[tuple[relay.Expr, dict, tvm.nd.NDArray]]:
+    """Every expression numpy answers from here on, with its params and the answer."""
+    answered = []
+    ours = values.folded_value
+
+    def recorded(expr: relay.Expr, params: Any) -> Any:
+        value = ours(expr, params)
+        if value is not None:
+            answered.append((expr, dict(params), value))
+        return value
+
+    monkeypatch.setattr(values, "folded_value", recorded)
+    return answered
+
+
+def _same_bits(ours: np.ndarray, theirs: np.ndarray) -> bool:
+    return (
+        ours.dtype == theirs.dtype
+        and ours.shape == theirs.shape
+        and ours.tobytes() == theirs.tobytes()
+    )
+
+
+@pytest.mark.parametrize("name", _rows())
+def test_every_value_numpy_gives_a_frontend_is_tvms_to_the_bit(name: str, monkeypatch) -> None:
+    tvm_infer_value = common.infer_value
+    answered = _answered(monkeypatch)
+    module, example = torch_module(name)
+    load_model(module, example_inputs=example)
+    assert len(answered) >= ASKING[name][1]
+    for expr, params, value in answered:
+        theirs = tvm_infer_value(expr, params).numpy()
+        assert _same_bits(value.numpy(), theirs), expr
+
+
+def _builds(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Each ``relay.build`` from here on (TVM's ``infer_value`` builds through it)."""
+    built: list[Any] = []
+    build = relay.build
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        built.append(args[0])
+        return build(*args, **kwargs)
+
+    monkeypatch.setattr(relay, "build", counted)
+    return built
+
+
+def _prelude_copies(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Each module the frontend fills with the Prelude to type one node, from here on."""
+    filled: list[Any] = []
+    update = tvm.IRModule.update
+
+    def counted(mod: tvm.IRModule, other: Any) -> Any:
+        filled.append(other)
+        return update(mod, other)
+
+    monkeypatch.setattr(tvm.IRModule, "update", counted)
+    return filled
+
+
+def _frontends_own(module: torch.nn.Module, example: torch.Tensor) -> tuple[tvm.IRModule, dict]:
+    """The module as TVM's PyTorch frontend converts it alone."""
+    from tvm.relay.frontend import from_pytorch
+
+    with torch.no_grad():
+        traced = torch.jit.trace(module, example)
+    inputs = [(name, (list(example.shape), str(example.dtype).removeprefix("torch.")))
+              for name in ["input_ids"]]  # fmt: skip
+    mod, params = from_pytorch(traced, inputs)
+    return mod, dict(params.items())
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param("gpt2-2-layers"), pytest.param("llama-2-layers", marks=pytest.mark.slow)]
+)
+def test_a_conversion_is_the_frontends_own_and_builds_nothing(name: str, monkeypatch) -> None:
+    module, example = torch_module(name)
+    theirs, their_params = _frontends_own(module, example)
+    built = _builds(monkeypatch)
+    filled = _prelude_copies(monkeypatch)
+    ours, our_params = load_model(module, example_inputs=example)
+    assert built == []
+    assert filled == []
+    assert tvm.ir.structural_equal(ours, theirs, map_free_vars=True)
+    assert sorted(our_params) == sorted(their_params)
+    for key, value in our_params.items():
+        assert _same_bits(value.numpy(), their_params[key].numpy()), key
+
+
+def test_without_numpy_the_frontend_builds(monkeypatch) -> None:
+    """The count above can fail: TVM's own ``infer_value`` builds for the same conversion."""
+    monkeypatch.setattr(values, "folded_value", lambda expr, params: None)
+    built = _builds(monkeypatch)
+    module, example = torch_module("gpt2-2-layers")
+    load_model(module, example_inputs=example)
+    assert built
+
+
+def test_what_numpy_cannot_fold_goes_to_tvm() -> None:
+    x = relay.var("x", shape=(2,), dtype="float32")
+    assert values.folded_value(relay.cos(relay.const(np.float32([0.5, 1.0]))), {}) is None
+    assert values.folded_value(x + relay.const(np.float32(1)), {}) is None
+    bound = values.folded_value(x + relay.const(np.float32(1)), {"x": np.float32([1, 2])})
+    assert bound is not None and bound.numpy().tolist() == [2.0, 3.0]
+
+
+def test_a_number_is_no_expression_as_in_tvm() -> None:
+    """TVM's ``infer_value`` fails on a Python number too; the frontends' ``try_infer_value``
+    then keeps the number, as it does here."""
+    ask = values.numpy_first(common.infer_value)
+    with pytest.raises(TypeError):
+        ask(3, {})
+    with pytest.raises(Exception):  # noqa: B017 (TVM raises its own error kinds)
+        common.infer_value(3, {})
+
+
+class ListLoop(torch.nn.Module):
+    """A scripted loop over a List ADT: converted with the Prelude's functions and types."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        outs: list[torch.Tensor] = []
+        for i in range(int(x.size(0))):
+            outs = outs + [x[i] * 2.0]  # noqa: RUF005 (aten::add on lists: the List ADT)
+        return torch.stack(outs)
+
+
+def test_a_graph_of_prelude_functions_is_typed_as_the_frontend_types_it() -> None:
+    from tvm.relay.frontend import from_pytorch
+
+    script = torch.jit.script(ListLoop())
+    theirs, _ = from_pytorch(script, [("x", ([3, 4], "float32"))])
+    ours, _ = load_model(script, shapes={"x": [3, 4]})
+    assert "tensor_array_stack_float32_4" in [g.name_hint for g in ours.get_global_vars()]
+    assert tvm.ir.structural_equal(ours, theirs, map_free_vars=True)
