@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -208,10 +209,14 @@ def tune(
     # Ansor's cost model reads only records of workloads this process registered: a log of other
     # models' tasks alone leaves it nothing, which its XGBoost update fails on (np.bincount).
     ours = {t.key for t in tasks} & {m.key for m in records}
+    tried = Counter(m.key for m in records)
+    barren = {key for key in ours if tried[key] >= FAILED_MEASUREMENTS}
+    barren -= {m.key for m in records if m.valid}
     scheduler = _FromDefaults(
         [t.native for t in tasks],
         [t.weight for t in tasks],
         [defaults.get(t.alternatives_of) for t in tasks],
+        [index for index, t in enumerate(tasks) if t.key in barren],
         load_log_file=str(log) if ours else None,
         # Upstream's default writes total_latency.tsv into the current directory.
         callbacks=[
@@ -227,10 +232,15 @@ def tune(
             num_measures_per_round=per_round,
             builder=auto_scheduler.LocalBuilder(timeout=_seconds(runner)),  # --timeout bounds both
             runner=_runner(runner),
-            measure_callbacks=[_Keep(work_dir)],
+            measure_callbacks=[_Keep(work_dir, scheduler)],
         ),
         search_policy_params=_search(max(1, budget // len(tasks))),
     )
+
+
+#: Measurements of a task, none valid, after which it is left (a tiny task's sketches can fail
+#: a few times before one builds; a BERT's dense layers failed 241 times in a row).
+FAILED_MEASUREMENTS = 32
 
 
 class _FromDefaults(auto_scheduler.TaskScheduler):  # type: ignore[misc]
@@ -243,10 +253,33 @@ class _FromDefaults(auto_scheduler.TaskScheduler):  # type: ignore[misc]
     """
 
     def __init__(self, tasks: list[Any], weights: list[int], defaults: list[float | None],
-                 **options: Any) -> None:  # fmt: skip
+                 barren: Sequence[int] = (), **options: Any) -> None:  # fmt: skip
         super().__init__(tasks, weights, **options)
         self.defaults = defaults
+        # Tasks whose earlier records are all failures: not tried again in every pass.
+        self.dead_tasks.update(barren)
+        #: Measurements tried and valid ones, by workload key, in this pass.
+        self.tried: dict[str, int] = {}
+        self.valid: dict[str, int] = {}
         self._count_defaults()
+
+    def _tune_task(self, task_idx: int) -> None:
+        """One round; a task none of whose :data:`FAILED_MEASUREMENTS` measurements was valid
+        is tuned no further (nor in later passes: ``barren``). Ansor weighs a failure
+        as no improvement, so its gradient kept sending the rounds to the task holding the
+        latency: on this TVM build every candidate of a BERT's dense layers fails in Ansor's
+        layout rewrite (upstream's too), and they took all 210 measurements of a tune of 64."""
+        super()._tune_task(task_idx)
+        key = self.tasks[task_idx].workload_key
+        if self.tried.get(key, 0) >= FAILED_MEASUREMENTS and not self.valid.get(key):
+            self.dead_tasks.add(task_idx)
+
+    def measured(self, inputs: Any, results: Any) -> None:
+        """Count a batch's valid measurements (:class:`_Keep` hands each batch here)."""
+        for inp, res in zip(inputs, results, strict=True):
+            key = inp.task.workload_key
+            self.tried[key] = self.tried.get(key, 0) + 1
+            self.valid[key] = self.valid.get(key, 0) + (not _failed(res))
 
     def _restore_status(self, log_file: str, num_measures_per_round: int) -> None:
         super()._restore_status(log_file, num_measures_per_round)
@@ -267,13 +300,16 @@ ERRORS_FILE = "ansor_errors.jsonl"
 
 class _Keep(auto_scheduler.measure.PythonBasedMeasureCallback):  # type: ignore[misc]
     """Append a batch's records and its failures' causes together, for the work dir's other
-    writers (Ansor's ``RecordToFile`` writes through a C++ stream that can cut a line in two)."""
+    writers (Ansor's ``RecordToFile`` writes through a C++ stream that can cut a line in two),
+    and tell the scheduler which were valid."""
 
-    def __init__(self, work_dir: Path) -> None:
+    def __init__(self, work_dir: Path, scheduler: _FromDefaults) -> None:
         super().__init__()
         self.work_dir = work_dir
+        self.scheduler = scheduler
 
     def callback(self, policy: Any, inputs: Any, results: Any) -> None:
+        self.scheduler.measured(inputs, results)
         records = [auto_scheduler.measure_record.dump_record_to_string(inp, res)
                    for inp, res in zip(inputs, results, strict=True)]  # fmt: skip
         causes = [failure_cause(str(res.error_msg)) for res in results if _failed(res)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 
@@ -159,3 +160,38 @@ def test_ansors_scheduler_counts_a_default_as_a_tasks_first_round() -> None:
     scheduler.task_cts[2], scheduler.best_costs[2] = 0, 0.1  # as if a log restored a record
     scheduler._count_defaults()
     assert scheduler.task_cts[2] == 1 and scheduler.best_costs[2] == 0.1
+
+
+def test_ansors_scheduler_leaves_a_task_whose_measurements_all_fail(monkeypatch) -> None:
+    """A task none of whose first measurements is valid is left (Ansor would go on sending it
+    the rounds its latency earns), in later passes too; one valid measurement keeps it in."""
+    from tvm import auto_scheduler
+    from tvm.auto_scheduler.measure import MeasureResult
+
+    import relay_tasks
+    from relay_tasks.adapters import get_adapter
+    from relay_tasks.adapters.ansor import FAILED_MEASUREMENTS, _FromDefaults
+
+    mod, params = load("dense_softmax")
+    tasks = get_adapter("ansor").extract(mod, relay_tasks.host_target(), params)
+    scheduler = _FromDefaults([t.native for t in tasks], [t.weight for t in tasks],
+                              [0.5, 0.002, 0.5])  # fmt: skip
+    monkeypatch.setattr(auto_scheduler.TaskScheduler, "_tune_task", lambda self, index: None)
+
+    def batch(index: int, error_nos: list[int]) -> None:
+        inp = SimpleNamespace(task=SimpleNamespace(workload_key=tasks[index].native.workload_key))
+        results = [MeasureResult([1e-5], error_no, "", 0.1, 0) for error_no in error_nos]
+        scheduler.measured([inp] * len(results), results)
+
+    batch(0, [1] * (FAILED_MEASUREMENTS - 1))  # INSTANTIATION_ERROR
+    batch(2, [1] * FAILED_MEASUREMENTS + [0])
+    scheduler._tune_task(0)
+    scheduler._tune_task(2)
+    assert scheduler.dead_tasks == set()  # not yet enough failures; one valid keeps it
+    batch(0, [1])
+    scheduler._tune_task(0)
+    scheduler._tune_task(2)
+    assert scheduler.dead_tasks == {0}
+    again = _FromDefaults([t.native for t in tasks], [t.weight for t in tasks], [0.5, 0.002, 0.5],
+                          barren=[0])  # fmt: skip
+    assert again.dead_tasks == {0}  # a later pass does not try it again

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -100,7 +101,10 @@ def test_ansor_keeps_each_failures_cause_in_order(tuned, tmp_path) -> None:
     inp, _ = load_record_from_string((work / "ansor.json").read_text().splitlines()[0])
     failed = MeasureResult([], 7, "Traceback\nRuntimeError: boom", 0.1, 0)  # RUN_TIMEOUT
     fine = MeasureResult([1e-5], 0, "", 0.1, 0)
-    ansor._Keep(work).callback(None, [inp] * 3, [fine, failed, fine])
+    counted: list[int] = []
+    scheduler = SimpleNamespace(measured=lambda inputs, results: counted.append(len(results)))
+    ansor._Keep(work, scheduler).callback(None, [inp] * 3, [fine, failed, fine])
+    assert counted == [3]
     measured = ansor.measurements(work)
     assert [m.error for m in measured[-3:]] == ["", "RUN_TIMEOUT: RuntimeError: boom", ""]
     # The real tune's own failures (states that fail to instantiate) have their causes too.
