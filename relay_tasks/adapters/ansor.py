@@ -209,14 +209,11 @@ def tune(
     # Ansor's cost model reads only records of workloads this process registered: a log of other
     # models' tasks alone leaves it nothing, which its XGBoost update fails on (np.bincount).
     ours = {t.key for t in tasks} & {m.key for m in records}
-    tried = Counter(m.key for m in records)
-    barren = {key for key in ours if tried[key] >= FAILED_MEASUREMENTS}
-    barren -= {m.key for m in records if m.valid}
     scheduler = _FromDefaults(
         [t.native for t in tasks],
         [t.weight for t in tasks],
         [defaults.get(t.alternatives_of) for t in tasks],
-        [index for index, t in enumerate(tasks) if t.key in barren],
+        records,
         load_log_file=str(log) if ours else None,
         # Upstream's default writes total_latency.tsv into the current directory.
         callbacks=[
@@ -253,33 +250,35 @@ class _FromDefaults(auto_scheduler.TaskScheduler):  # type: ignore[misc]
     """
 
     def __init__(self, tasks: list[Any], weights: list[int], defaults: list[float | None],
-                 barren: Sequence[int] = (), **options: Any) -> None:  # fmt: skip
+                 earlier: Sequence[Measurement] = (), **options: Any) -> None:  # fmt: skip
         super().__init__(tasks, weights, **options)
         self.defaults = defaults
-        # Tasks whose earlier records are all failures: not tried again in every pass.
-        self.dead_tasks.update(barren)
-        #: Measurements tried and valid ones, by workload key, in this pass.
-        self.tried: dict[str, int] = {}
-        self.valid: dict[str, int] = {}
+        #: Measurements tried and valid ones, by task key, earlier records included: a task
+        #: left in one pass is not tried again in the next.
+        self.tried = Counter(m.key for m in earlier)
+        self.valid = Counter(m.key for m in earlier if m.valid)
+        self.dead_tasks.update(i for i, task in enumerate(tasks) if self._barren(task))
         self._count_defaults()
+
+    def _barren(self, task: auto_scheduler.SearchTask) -> bool:
+        task_key = key(task)
+        return self.tried[task_key] >= FAILED_MEASUREMENTS and not self.valid[task_key]
 
     def _tune_task(self, task_idx: int) -> None:
         """One round; a task none of whose :data:`FAILED_MEASUREMENTS` measurements was valid
-        is tuned no further (nor in later passes: ``barren``). Ansor weighs a failure
+        is tuned no further (nor in later passes). Ansor weighs a failure
         as no improvement, so its gradient kept sending the rounds to the task holding the
         latency: on this TVM build every candidate of a BERT's dense layers fails in Ansor's
         layout rewrite (upstream's too), and they took all 210 measurements of a tune of 64."""
         super()._tune_task(task_idx)
-        key = self.tasks[task_idx].workload_key
-        if self.tried.get(key, 0) >= FAILED_MEASUREMENTS and not self.valid.get(key):
+        if self._barren(self.tasks[task_idx]):
             self.dead_tasks.add(task_idx)
 
     def measured(self, inputs: Any, results: Any) -> None:
-        """Count a batch's valid measurements (:class:`_Keep` hands each batch here)."""
+        """Count a batch's measurements and valid ones (:class:`_Keep` hands each batch here)."""
         for inp, res in zip(inputs, results, strict=True):
-            key = inp.task.workload_key
-            self.tried[key] = self.tried.get(key, 0) + 1
-            self.valid[key] = self.valid.get(key, 0) + (not _failed(res))
+            self.tried[key(inp.task)] += 1
+            self.valid[key(inp.task)] += not _failed(res)
 
     def _restore_status(self, log_file: str, num_measures_per_round: int) -> None:
         super()._restore_status(log_file, num_measures_per_round)

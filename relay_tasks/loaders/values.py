@@ -57,17 +57,16 @@ def numpy_first(tvm_infer_value: InferValue) -> InferValue:
 
 
 @contextlib.contextmanager
-def values_in_numpy(frontend: Any | None = None) -> Iterator[None]:
-    """TVM's frontends (and ``frontend``, a frontend module holding its own alias of the
-    function) compute their values with :func:`numpy_first` inside. ``common``'s own helpers
-    (``try_infer_value``, ``infer_value_simulated``) read the name from ``common``."""
+def values_in_numpy(frontend: Any) -> Iterator[None]:
+    """``frontend`` (a frontend module, holding its own alias of the function) computes its
+    values with :func:`numpy_first` inside; ``common``'s own helpers (``try_infer_value``,
+    ``infer_value_simulated``) read the name from ``common``, patched too."""
     from tvm.relay.frontend import common
 
     tvm_infer_value = common.infer_value
     ours = numpy_first(tvm_infer_value)
-    owners = [common] if frontend is None else [common, frontend]
     with contextlib.ExitStack() as stack:
-        for owner in owners:
+        for owner in (common, frontend):
             for name in [name for name, v in vars(owner).items() if v is tvm_infer_value]:
                 stack.enter_context(patched(owner, name, ours))
         yield

@@ -192,6 +192,7 @@ def test_ansors_scheduler_leaves_a_task_whose_measurements_all_fail(monkeypatch)
     scheduler._tune_task(0)
     scheduler._tune_task(2)
     assert scheduler.dead_tasks == {0}
+    failures = [Measurement(tasks[0].key, None, "INSTANTIATION_ERROR: x")] * FAILED_MEASUREMENTS
     again = _FromDefaults([t.native for t in tasks], [t.weight for t in tasks], [0.5, 0.002, 0.5],
-                          barren=[0])  # fmt: skip
+                          failures)  # fmt: skip
     assert again.dead_tasks == {0}  # a later pass does not try it again
