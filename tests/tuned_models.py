@@ -59,9 +59,9 @@ def valid_count_or_zero(work: Path, tuner: str) -> int:
         return 0
 
 
-def write_tiny(folder: Path) -> tuple[Path, Path]:
-    """``m.relay`` and ``m.params``: dense (1x32 by 16x32) + relu, seeded weights."""
-    data, weight = relay.var("data", shape=(1, 32)), relay.var("w", shape=(16, 32))
+def write_tiny(folder: Path, batch: int = 1) -> tuple[Path, Path]:
+    """``m.relay`` and ``m.params``: dense (``batch``x32 by 16x32) + relu, seeded weights."""
+    data, weight = relay.var("data", shape=(batch, 32)), relay.var("w", shape=(16, 32))
     body = relay.nn.relu(relay.nn.dense(data, weight))
     mod = tvm.IRModule.from_expr(relay.Function([data, weight], body))
     text, params = folder / "m.relay", folder / "m.params"
@@ -90,7 +90,7 @@ class InProcess(NamedTuple):
     build: Callable[[], Any]
 
 
-def tune_in_process(tuner: str, folder: Path, budgets: Sequence[int]) -> InProcess:
+def tune_in_process(tuner: str, folder: Path, budgets: Sequence[int], batch: int = 1) -> InProcess:
     """The adapter's own ``tune``, in passes as the tuning worker runs it, on the tiny model's
     tasks in this process (the CLI tunes in a child, where a mutation tool's changes do not
     reach), to each budget in turn (the later ones resume): the raw records it left, and how
@@ -101,7 +101,7 @@ def tune_in_process(tuner: str, folder: Path, budgets: Sequence[int]) -> InProce
     from relay_tasks.loaders import load_model
     from relay_tasks.tuning.worker import tune_until
 
-    text, weights = write_tiny(folder)
+    text, weights = write_tiny(folder, batch)
     mod, params = load_model(text, params=weights)
     target = relay_tasks.host_target()
     adapter = get_adapter(tuner)
@@ -115,11 +115,11 @@ def tune_in_process(tuner: str, folder: Path, budgets: Sequence[int]) -> InProce
     )
 
 
-def assert_runs_as_numpy(library: Any) -> None:
+def assert_runs_as_numpy(library: Any, batch: int = 1) -> None:
     """The tiny model built into ``library`` gives numpy's answer on this CPU."""
     from tvm.contrib import graph_executor
 
-    data = np.random.default_rng(1).standard_normal((1, 32)).astype("float32")
+    data = np.random.default_rng(1).standard_normal((batch, 32)).astype("float32")
     graph = graph_executor.GraphModule(library["default"](tvm.cpu(0)))
     graph.set_input("data", data)
     graph.run()

@@ -210,7 +210,7 @@ def tune(
     # models' tasks alone leaves it nothing, which its XGBoost update fails on (np.bincount).
     ours = {t.key for t in tasks} & {m.key for m in records}
     scheduler = _FromDefaults(
-        [t.native for t in tasks],
+        [_measurable(t.native) for t in tasks],
         [t.weight for t in tasks],
         [defaults.get(t.alternatives_of) for t in tasks],
         records,
@@ -233,6 +233,60 @@ def tune(
         ),
         search_policy_params=_search(max(1, budget // len(tasks))),
     )
+
+
+def _measurable(task: auto_scheduler.SearchTask) -> auto_scheduler.SearchTask:
+    """The task as Ansor can measure it: where its layout rewrite fails on every schedule, the
+    same task without the rewrite (the extraction keeps upstream's option; only the tuning
+    drops it, and :func:`build` applies such records without rewriting the weights)."""
+    if task.layout_rewrite_option == _NO_REWRITE or not _rewrite_fails(task.compute_dag):
+        return task
+    state = task.__getstate__()
+    state["layout_rewrite_option"] = _NO_REWRITE
+    copy: auto_scheduler.SearchTask = auto_scheduler.SearchTask.__new__(auto_scheduler.SearchTask)
+    copy.__setstate__(state)
+    return copy
+
+
+_NO_REWRITE = auto_scheduler.LayoutRewriteOption.NO_REWRITE
+
+
+def _rewrite_fails(dag: auto_scheduler.ComputeDAG) -> bool:
+    """Whether Ansor's layout rewrite of the weights fails on this compute, shown on its
+    simplest schedule (one split of the weight reader's first axis): on this TVM build it
+    fails on every schedule of ``nn.dense`` (its index rewriter finds no index for an axis of
+    the rewritten layout), so upstream's tune of a BERT measured no valid dense schedule."""
+    state = dag.get_init_state()
+    reader = next((op for op in dag.ops if isinstance(op, te.ComputeOp)
+                   and "layout_free_placeholders" in op.attrs), None)  # fmt: skip
+    if reader is None:
+        return False
+    state.split(reader, state[reader].iters[0], [1])
+    try:
+        dag.rewrite_layout_from_state(state)
+    except tvm.TVMError:
+        return True
+    return False
+
+
+class _BestWithoutFailingRewrites(auto_scheduler.ApplyHistoryBest):  # type: ignore[misc]
+    """The log's best states, kept from the build's layout-rewrite pass for the workloads
+    whose rewrite fails (:func:`_rewrite_fails`): the pass then leaves their weights as they
+    are, and the build applies their states, tuned without the rewrite, to the plain compute."""
+
+    def __init__(self, log: str, unrewritable: frozenset[str]) -> None:
+        super().__init__(log)
+        self.unrewritable = unrewritable
+
+    def _query_inside(self, target: Any, workload_key: str, func_name: str) -> Any:
+        env = TracingEnvironment.current
+        if (
+            env is not None
+            and env.tracing_mode == TracingMode.PREPARE_LAYOUT_REWRITE
+            and workload_key in self.unrewritable
+        ):
+            return None
+        return super()._query_inside(target, workload_key, func_name)
 
 
 #: Measurements of a task, none valid, after which it is left (a tiny task's sketches can fail
@@ -268,8 +322,8 @@ class _FromDefaults(auto_scheduler.TaskScheduler):  # type: ignore[misc]
         """One round; a task none of whose :data:`FAILED_MEASUREMENTS` measurements was valid
         is tuned no further (nor in later passes). Ansor weighs a failure
         as no improvement, so its gradient kept sending the rounds to the task holding the
-        latency: on this TVM build every candidate of a BERT's dense layers fails in Ansor's
-        layout rewrite (upstream's too), and they took all 210 measurements of a tune of 64."""
+        latency: a BERT's dense layers, whose every candidate failed in the layout rewrite
+        before :func:`_measurable`, took all 210 measurements of a tune of 64."""
         super()._tune_task(task_idx)
         if self._barren(self.tasks[task_idx]):
             self.dead_tasks.add(task_idx)
@@ -371,8 +425,11 @@ def flops(task: auto_scheduler.SearchTask) -> float:
 def build(mod: Any, target: Target, params: Any, work_dir: Path, tasks: Sequence[TunerTask]) -> Any:
     """``relay.build`` with the log's best states of ``tasks`` applied, as upstream's tutorial
     builds (the other tasks keep TVM's default schedules)."""
+    unrewritable = frozenset(
+        t.native.workload_key for t in tasks if _rewrite_fails(t.native.compute_dag)
+    )
     with records_of(LOG, measurements, tasks, work_dir) as log:
-        records = auto_scheduler.ApplyHistoryBest(str(log))
+        records = _BestWithoutFailingRewrites(str(log), unrewritable)
     with records, tvm.transform.PassContext(opt_level=3, config=PASS_CONFIG):
         return relay.build(mod, target=target, params=params)
 

@@ -10,11 +10,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
-from tvm import relay
 from tvm.ir import IRModule
 
 from ..errors import ModelError, describe_failure
 from .frontend import DTypes, Params, Shapes, convert, require, unknown_inputs
+from .values import values_in_numpy
 
 
 def load_onnx(
@@ -37,13 +37,16 @@ def load_onnx(
         raise ModelError(f"{path}: not a valid ONNX model ({describe_failure(err)})") from err
     inputs = _input_shapes(model, path, shapes)
     unknown_inputs(path, list(dtypes or {}), list(inputs))
-    return convert(
-        path,
-        "ONNX",
-        lambda: relay.frontend.from_onnx(
-            model, shape=inputs, dtype=dict(dtypes or {}) or "float32", freeze_params=True
-        ),
-    )
+    from tvm.relay.frontend import onnx as frontend
+
+    with values_in_numpy(frontend):
+        return convert(
+            path,
+            "ONNX",
+            lambda: frontend.from_onnx(
+                model, shape=inputs, dtype=dict(dtypes or {}) or "float32", freeze_params=True
+            ),
+        )
 
 
 def _tensors(graph: Any) -> Iterator[Any]:

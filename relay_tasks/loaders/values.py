@@ -8,6 +8,12 @@ there ask about a Python number, which TVM answers with an error whose message a
 11 ms. Here an expression free of inputs is folded by the extraction's numpy folder (the
 evaluators that match TVM's kernels bit for bit) and its value returned when it folds to a
 constant; anything else goes to TVM's ``infer_value`` as before.
+
+The ONNX frontend asks for the same in another form: ``fold_constant``, TVM's ``FoldConstant``
+on one expression, 202 calls in a 2-layer BERT's conversion, of which 125 hold no input at all
+(the shape arithmetic of each ``MatMul``, ``Reshape`` and ``Expand``) and cost 277 LLVM
+builds, 9 of the conversion's 12 s. An expression free of inputs is its value, and numpy's
+where it folds whole; anything else is TVM's ``fold_constant``.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from ..ir import patched
 from ..optimize.fold import prefold_function
 
 InferValue = Callable[..., tvm.nd.NDArray]
+FoldConstant = Callable[..., relay.Expr]
 
 
 def folded_value(expr: relay.Expr, params: Mapping[str, Any]) -> tvm.nd.NDArray | None:
@@ -56,17 +63,35 @@ def numpy_first(tvm_infer_value: InferValue) -> InferValue:
     return infer_value
 
 
+def folded_first(tvm_fold_constant: FoldConstant) -> FoldConstant:
+    """A ``fold_constant`` that folds an expression free of inputs with :func:`folded_value`
+    before TVM's ``tvm_fold_constant`` (which folds such an expression to its value too)."""
+
+    def fold_constant(node: Any, mod: Any = None) -> Any:
+        if mod is None and isinstance(node, relay.Expr) and not relay.analysis.free_vars(node):
+            value = folded_value(node, {})
+            if value is not None:
+                return relay.Constant(value)
+        return tvm_fold_constant(node, mod)
+
+    return fold_constant
+
+
 @contextlib.contextmanager
 def values_in_numpy(frontend: Any) -> Iterator[None]:
-    """``frontend`` (a frontend module, holding its own alias of the function) computes its
-    values with :func:`numpy_first` inside; ``common``'s own helpers (``try_infer_value``,
-    ``infer_value_simulated``) read the name from ``common``, patched too."""
+    """``frontend`` (a frontend module, holding its own aliases of the functions) computes its
+    values with :func:`numpy_first` and folds with :func:`folded_first` inside; ``common``'s
+    own helpers (``try_infer_value``, ``infer_value_simulated``) read the names from
+    ``common``, patched too."""
     from tvm.relay.frontend import common
 
-    tvm_infer_value = common.infer_value
-    ours = numpy_first(tvm_infer_value)
+    theirs_and_ours = [
+        (common.infer_value, numpy_first(common.infer_value)),
+        (common.fold_constant, folded_first(common.fold_constant)),
+    ]
     with contextlib.ExitStack() as stack:
         for owner in (common, frontend):
-            for name in [name for name, v in vars(owner).items() if v is tvm_infer_value]:
-                stack.enter_context(patched(owner, name, ours))
+            for theirs, ours in theirs_and_ours:
+                for name in [name for name, v in vars(owner).items() if v is theirs]:
+                    stack.enter_context(patched(owner, name, ours))
         yield

@@ -1,22 +1,26 @@
 """The values TVM's frontends ask for while converting: numpy's answers are TVM's to the bit, the
 conversion is the frontend's own (its types too, found without the Prelude where a graph uses
-none of it), and a Llama's conversion builds nothing with LLVM."""
+none of it), a Llama's conversion builds nothing with LLVM, and an ONNX file's shape arithmetic
+neither."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 import pytest
 import torch
 import tvm
+from onnx import TensorProto, helper, numpy_helper
 from tvm import relay
 from tvm.relay.frontend import common
 
 from relay_tasks import load_model
 from relay_tasks.loaders import values
 
-from frontend_models import torch_module
+from frontend_models import onnx_file, torch_module
 
 #: Models whose conversion asks for values, and the least number numpy answers in each (so no
 #: row passes on nothing).
@@ -66,6 +70,78 @@ def test_every_value_numpy_gives_a_frontend_is_tvms_to_the_bit(name: str, monkey
     for expr, params, value in answered:
         theirs = tvm_infer_value(expr, params).numpy()
         assert _same_bits(value.numpy(), theirs), expr
+
+
+def _matmuls_onnx(path: Path) -> Path:
+    """Batched MatMuls (their shape arithmetic: constant ``concatenate``, ``strided_slice``,
+    ``maximum``, folded by the frontend) and a Reshape, as an ONNX file."""
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array(rng.standard_normal(shape).astype("float32"), name)
+               for name, shape in [("b", (2, 16, 8)), ("w", (8, 4))]]  # fmt: skip
+    weights.append(numpy_helper.from_array(np.array([0, -1], "int64"), "flat"))
+    nodes = [helper.make_node("MatMul", ["x", "b"], ["h"]),
+             helper.make_node("MatMul", ["h", "w"], ["g"]),
+             helper.make_node("Reshape", ["g", "flat"], ["y"])]  # fmt: skip
+    graph = helper.make_graph(
+        nodes, "matmuls", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 12])], initializer=weights,
+    )  # fmt: skip
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+    return path
+
+
+#: ONNX files whose conversion folds, and the least number of folds numpy answers in each.
+FOLDING = {
+    "matmuls": ((), 4),
+    "bert-2-layers": ((pytest.mark.slow,), 100),
+}
+
+
+def _onnx(name: str, folder: Path) -> Path:
+    return _matmuls_onnx(folder / "matmuls.onnx") if name == "matmuls" else onnx_file(name)
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(name, marks=marks) for name, (marks, _) in FOLDING.items()]
+)
+def test_every_fold_numpy_gives_the_onnx_frontend_is_tvms_to_the_bit(
+    name: str, tmp_path: Path, monkeypatch
+) -> None:
+    """Each expression free of inputs that numpy answers, TVM's ``fold_constant`` folds to a
+    constant of the same bits (its ``infer_value`` computes them too)."""
+    tvm_fold_constant, tvm_infer_value = common.fold_constant, common.infer_value
+    answered = _answered(monkeypatch)
+    load_model(_onnx(name, tmp_path))
+    folds = [(expr, value) for expr, params, value in answered if not params]
+    assert len(folds) >= FOLDING[name][1]
+    for expr, value in folds:
+        theirs = tvm_fold_constant(expr)
+        assert isinstance(theirs, relay.Constant), expr
+        assert _same_bits(value.numpy(), theirs.data.numpy()), expr
+        assert _same_bits(value.numpy(), tvm_infer_value(expr, {}).numpy()), expr
+
+
+def test_an_onnx_conversion_is_the_frontends_own_and_its_shape_arithmetic_builds_nothing(
+    tmp_path: Path,
+) -> None:
+    path = _matmuls_onnx(tmp_path / "matmuls.onnx")
+    built: list[Any] = []
+    build_llvm = tvm.get_global_func("target.build.llvm")
+
+    def counted(*args: Any) -> Any:
+        built.append(args[0])
+        return build_llvm(*args)
+
+    tvm.register_func("target.build.llvm", counted, override=True)
+    try:
+        ours, our_params = load_model(path)
+        ours_built = len(built)
+        theirs, their_params = relay.frontend.from_onnx(onnx.load(str(path)), freeze_params=True)
+    finally:
+        tvm.register_func("target.build.llvm", build_llvm, override=True)
+    assert ours_built == 0 < len(built)  # TVM's own fold built each folded call
+    assert tvm.ir.structural_equal(ours, theirs, map_free_vars=True)
+    assert sorted(our_params) == sorted(their_params)
 
 
 def _builds(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
