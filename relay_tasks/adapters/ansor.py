@@ -64,6 +64,7 @@ from .base import (
 from .functions import read_source, source_data
 from .journal import adopt_lines, append, records_of
 from .records import ansor_problem
+from .untuned import signatures, untuned_as_without
 
 NAME = "ansor"
 #: The records, one a line.
@@ -430,7 +431,9 @@ def build(mod: Any, target: Target, params: Any, work_dir: Path, tasks: Sequence
     )
     with records_of(LOG, measurements, tasks, work_dir) as log:
         records = _BestWithoutFailingRewrites(str(log), unrewritable)
-    with records, tvm.transform.PassContext(opt_level=3, config=PASS_CONFIG):
+    covered = signatures(t.source.func for t in tasks if t.source is not None)
+    untuned = untuned_as_without("relay.backend.use_auto_scheduler", covered)
+    with untuned, records, tvm.transform.PassContext(opt_level=3, config=PASS_CONFIG):
         return relay.build(mod, target=target, params=params)
 
 

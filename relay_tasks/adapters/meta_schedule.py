@@ -53,6 +53,8 @@ from .database import (
     workload_key,
 )
 from .functions import read_source, source_data
+from .untuned import signatures, untuned_as_without
+from .verify import CANDIDATES, first_agreeing, runs_here, same_results, warn_wrong_records
 
 NAME = "meta_schedule"
 MODULE_EQUALITIES = ("structural", "ignore-ndarray", "anchor-block")
@@ -549,7 +551,45 @@ def build(
 ) -> Any:
     """``compile_relay`` with the work dir's records of ``tasks``: each takes its best."""
     database = WorkDatabase(work_dir, [t.native.dispatched[0] for t in tasks])
-    return ms.relay_integration.compile_relay(database.memory, mod, target, params)
+    memory, kept = _agreeing(database.memory, tasks, target)
+    covered = signatures(t.source.func for t in kept if t.source is not None)
+    with untuned_as_without("relay.backend.use_meta_schedule", covered):
+        return ms.relay_integration.compile_relay(memory, mod, target, params)
+
+
+def _agreeing(
+    memory: Any, tasks: Sequence[TunerTask], target: Target
+) -> tuple[Any, list[TunerTask]]:
+    """A database of each task's best record that computes what the task computes
+    (:mod:`.verify`), and the tasks that have one; ``memory`` as it is where this machine
+    cannot run the target's code."""
+    if not runs_here(target):
+        return memory, list(tasks)
+    checked = ms.database.MemoryDatabase()
+    kept = []
+    for task in tasks:
+        module = task.native.dispatched[0]
+        best = list(memory.get_top_k(memory.commit_workload(module), CANDIDATES))
+
+        def agrees(record: Any, module: IRModule = module) -> bool:
+            return same_results(module, _scheduled(record), target)
+
+        record, passed = first_agreeing(best, agrees)
+        if passed:
+            warn_wrong_records(task.name, passed, record is not None)
+        if record is not None:
+            workload = checked.commit_workload(module)
+            checked.commit_tuning_record(ms.database.TuningRecord(
+                record.trace, workload, record.run_secs, record.target, record.args_info
+            ))  # fmt: skip
+            kept.append(task)
+    return checked, kept
+
+
+def _scheduled(record: Any) -> IRModule:
+    schedule = tvm.tir.Schedule(record.workload.mod)
+    record.trace.apply_to_schedule(schedule, remove_postproc=False)
+    return schedule.mod
 
 
 def _with_num_cores(target: Target) -> Target:

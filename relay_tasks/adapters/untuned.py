@@ -1,0 +1,136 @@
+"""A MetaSchedule or Ansor build lowers what no record covers as the build without the tuner.
+
+With ``relay.backend.use_meta_schedule`` or ``relay.backend.use_auto_scheduler`` set, x86's
+strategies for dense, batch_matmul and convolutions choose an implementation whose schedule is
+TVM's naive one, left for the tuner to replace. A function the records do not cover keeps it:
+a 2-layer BERT's tasks take 103 ms so under MetaSchedule and 7 ms with TOPI's schedules, and a
+short tune's build was slower than the untuned one. Here each op call the records do not cover
+has its implementation chosen with the tuner's setting off, as a build without the tuner
+chooses it: the compute and schedule are TOPI's. The tuner's build finds no record for a
+function made of such calls (its compute is another) and schedules it with the implementation's
+own schedule, TOPI's.
+
+A call is covered when a call of the same operator, attributes and types (:func:`signature`) is
+in a function with a record, or when a record's layout rewrite changed it: such a call keeps
+the tuner's implementation in every function, so that no record is lost (a function without a
+record that shares one with a tuned function keeps the naive schedule).
+
+The compiler looks ``relay.backend.lower_call`` up once per process, when it first lowers a
+call, and keeps what it found: :func:`_lower_call` is registered once, when this module is
+imported (with relay_tasks), and is TVM's own outside such a build.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any, NamedTuple
+
+import tvm
+from tvm import relay
+from tvm.relay.backend import te_compiler
+
+from ..errors import RelayTasksWarning
+
+#: An op call by its operator, attributes, first argument's type and result type.
+Signature = tuple[str, int, str, str]
+
+
+def signature(call: relay.Call) -> Signature:
+    """What identifies an op call across the extraction and the build. Not the types of the
+    later arguments: a record's layout rewrite changes a weight's (Ansor's of a
+    ``batch_matmul``, with no attribute saying so), and the weight's shape follows from the
+    attributes and the other two types (units, channels, kernel size, the matmul's N)."""
+    attrs = call.attrs
+    first = str(call.args[0].checked_type) if call.args else ""
+    return (
+        call.op.name,
+        tvm.ir.structural_hash(attrs) if attrs is not None else 0,
+        first,
+        str(call.checked_type),
+    )
+
+
+def signatures(funcs: Iterable[relay.Function]) -> frozenset[Signature]:
+    """The signatures of every operator call in ``funcs`` (typed primitive functions)."""
+    found: set[Signature] = set()
+
+    def visit(node: Any) -> None:
+        if isinstance(node, relay.Call) and isinstance(node.op, tvm.ir.Op):
+            found.add(signature(node))
+
+    for func in funcs:
+        relay.analysis.post_order_visit(func, visit)
+    return frozenset(found)
+
+
+class _Untuned(NamedTuple):
+    setting: str
+    covered: frozenset[Signature]
+
+
+#: The build being made under :func:`untuned_as_without`, if any.
+_CURRENT: ContextVar[_Untuned | None] = ContextVar("relay_tasks_untuned", default=None)
+#: Calls of :func:`_lower_call` so far: none during a build means TVM's compiler holds its own.
+_CALLS = [0]
+
+
+def _lower_call(call: relay.Call, inputs: Any, target: Any, otype: Any = None) -> Any:
+    """The compiler's ``relay.backend.lower_call``: TVM's own, outside a build that asks for
+    its untuned calls to be lowered without the tuner."""
+    _CALLS[0] += 1
+    current = _CURRENT.get()
+    if current is None or _rewritten_for_a_record(call) or signature(call) in current.covered:
+        return te_compiler.lower_call(call, inputs, target, otype)
+    with _switched_off(current.setting):
+        return te_compiler.lower_call(call, inputs, target, otype)
+
+
+tvm.register_func("relay.backend.lower_call", _lower_call, override=True)
+
+
+@contextmanager
+def untuned_as_without(setting: str, covered: frozenset[Signature]) -> Iterator[None]:
+    """Inside, the compiler lowers each op call outside ``covered`` with the pass context's
+    ``setting`` (the tuner's switch) off."""
+    calls = _CALLS[0]
+    token = _CURRENT.set(_Untuned(setting, covered))
+    try:
+        yield
+    finally:
+        _CURRENT.reset(token)
+    if _CALLS[0] == calls:
+        warnings.warn(
+            "TVM's compiler lowered this build with its own relay.backend.lower_call (it keeps "
+            "the one it finds first: TVM built a model before relay_tasks was imported), so "
+            "the functions without a record got the tuner's naive schedules; import "
+            "relay_tasks before building anything with TVM",
+            RelayTasksWarning,
+            stacklevel=3,
+        )
+
+
+#: Attributes the tuners' relay-level layout rewrites set on a call whose record they apply.
+_REWRITTEN = ("auto_scheduler_rewritten_layout", "meta_schedule_original_shape")
+
+
+def _rewritten_for_a_record(call: relay.Call) -> bool:
+    """Whether a layout rewrite changed ``call`` for a record (its weight's type is the
+    rewritten one: no signature of the extraction matches it, and only the tuner's
+    implementation reads that layout)."""
+    return any(bool(getattr(call.attrs, name, None)) for name in _REWRITTEN)
+
+
+@contextmanager
+def _switched_off(setting: str) -> Iterator[None]:
+    current = tvm.transform.PassContext.current()
+    config = {**current.config, setting: False}
+    with tvm.transform.PassContext(
+        opt_level=current.opt_level,
+        required_pass=list(current.required_pass),
+        disabled_pass=list(current.disabled_pass),
+        config=config,
+    ):
+        yield

@@ -1,0 +1,102 @@
+"""A record is applied only where its schedule computes what its task computes.
+
+A tuner measures a schedule's time, never its results: on this TVM build MetaSchedule measured
+a schedule of ``dense + bias_add`` (4x256 by 128x256; the bias inlined, the reduction split by
+1 and unrolled 512 deep, vectorized) as valid and fastest while its code computed another
+function (off by up to 55), and the model built with it gave wrong answers. So before a build
+applies a task's best record, the scheduled function and the task's unscheduled one run here
+on the same seeded arguments; a record whose results differ is passed over for the task's next
+best that agrees (up to :data:`CANDIDATES` of them), with a warning.
+
+Both run on this CPU: where the target's code cannot run here (another architecture, a GPU),
+the records are applied unchecked.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import tvm
+
+from ..errors import RelayTasksWarning, TargetError
+
+#: The best records of a task tried, best first, before it is built without one.
+CANDIDATES = 5
+
+
+def runs_here(target: Any) -> bool:
+    from ..tuning.device import check_runs_here
+
+    try:
+        check_runs_here(target, doing="verify")
+    except TargetError:
+        return False
+    return bool(target.kind.name == "llvm")
+
+
+def same_results(reference: tvm.IRModule, scheduled: tvm.IRModule, target: Any) -> bool:
+    """Whether two TIR modules of one ``main`` (a task's compute, unscheduled and scheduled)
+    leave the same values in every buffer, from the same seeded arguments: equal up to the
+    rounding a reordered reduction makes (a relative 1e-3 of the largest value). A schedule
+    that fails to build disagrees; a compute that does not build alone cannot be checked, and
+    its records pass."""
+    try:
+        reference_out = _run(reference, target)
+    except tvm.TVMError:  # the task's compute alone does not build: nothing to check against
+        return True
+    try:
+        scheduled_out = _run(scheduled, target)
+    except tvm.TVMError:
+        return False
+    for want, got in zip(reference_out, scheduled_out, strict=True):
+        if want.dtype.kind not in "fc":
+            if not np.array_equal(want, got):
+                return False
+            continue
+        scale = float(np.nanmax(np.abs(want))) if want.size and np.isfinite(want).any() else 1.0
+        if not np.allclose(got, want, rtol=1e-3, atol=1e-3 * max(scale, 1.0), equal_nan=True):
+            return False
+    return True
+
+
+def _run(mod: tvm.IRModule, target: Any) -> list[np.ndarray[Any, Any]]:
+    func = mod["main"]
+    arrays = [_argument(func.buffer_map[param], seed) for seed, param in enumerate(func.params)]
+    library = tvm.build(mod, target=target)
+    device = tvm.cpu(0)
+    nds = [tvm.nd.array(array, device) for array in arrays]
+    library(*nds)
+    return [nd.numpy() for nd in nds]
+
+
+def _argument(buffer: Any, seed: int) -> np.ndarray[Any, Any]:
+    """Seeded values for a buffer: normal floats; 0 and 1 for integers (an index into any
+    table, a valid boolean)."""
+    rng = np.random.default_rng(seed)
+    shape = [int(d) for d in buffer.shape]
+    dtype = str(buffer.dtype)
+    if dtype.startswith(("int", "uint", "bool")):
+        return rng.integers(0, 2, size=shape).astype(dtype)
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def first_agreeing(candidates: list[Any], agrees: Callable[[Any], bool]) -> tuple[Any, int]:
+    """The first of ``candidates`` (best first) that ``agrees``, or None, and how many were
+    passed over."""
+    for passed, candidate in enumerate(candidates):
+        if agrees(candidate):
+            return candidate, passed
+    return None, len(candidates)
+
+
+def warn_wrong_records(task: str, passed: int, replaced: bool) -> None:
+    instead = "its next best record, which does" if replaced else "TVM's default schedule"
+    warnings.warn(
+        f"{task}: the best {passed} of its records compute something else than the task "
+        f"(TVM's code for those schedules is wrong); built with {instead}",
+        RelayTasksWarning,
+        stacklevel=4,
+    )

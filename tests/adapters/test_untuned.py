@@ -1,0 +1,138 @@
+"""MetaSchedule's and Ansor's builds lower what no record covers with TOPI's implementations."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relay, te
+from tvm.contrib import graph_executor
+from tvm.relay.backend import te_compiler
+
+from relay_tasks import host_target
+from relay_tasks.adapters import get_adapter
+from relay_tasks.adapters.base import Runner
+from relay_tasks.adapters.untuned import signatures, untuned_as_without
+from relay_tasks.tuning.worker import tune_until
+
+MS = "relay.backend.use_meta_schedule"
+
+
+def _dense() -> tuple[relay.Function, list[te.Tensor]]:
+    x, w = relay.var("x", shape=(8, 32)), relay.var("w", shape=(16, 32))
+    mod = relay.transform.InferType()(
+        tvm.IRModule.from_expr(relay.Function([x, w], relay.nn.dense(x, w)))
+    )
+    return mod["main"], [te.placeholder((8, 32), name="x"), te.placeholder((16, 32), name="w")]
+
+
+def _implementation(func: relay.Function, inputs: list[te.Tensor]) -> str:
+    """The implementation the compiler's registered ``lower_call`` picks for ``func``'s call."""
+    target = host_target()
+    with target:
+        lowered = tvm.get_global_func("relay.backend.lower_call")(func.body, inputs, target)
+    return str(lowered.implementation.name)
+
+
+def test_a_call_no_record_covers_gets_the_implementation_of_the_build_without_the_tuner() -> None:
+    func, inputs = _dense()
+    with tvm.transform.PassContext(opt_level=3, config={MS: True}):
+        assert _implementation(func, inputs) == "dense.generic"  # naive schedule, for the tuner
+        with untuned_as_without(MS, frozenset()):
+            assert _implementation(func, inputs) == "dense_pack.x86"
+        with untuned_as_without(MS, signatures([func])):
+            assert _implementation(func, inputs) == "dense.generic"
+        assert _implementation(func, inputs) == "dense.generic"  # TVM's own again
+    with tvm.transform.PassContext(opt_level=3), untuned_as_without(MS, frozenset()):
+        assert _implementation(func, inputs) == "dense_pack.x86"
+
+
+def _bmm_and_dense() -> tuple[tvm.IRModule, dict[str, Any]]:
+    """A batch_matmul with a constant weight (Ansor rewrites its layout) and a dense beside it."""
+    rng = np.random.default_rng(0)
+    x, y = relay.var("x", shape=(2, 8, 16)), relay.var("y", shape=(8, 16))
+    b, w = relay.var("b", shape=(2, 16, 16)), relay.var("w", shape=(32, 16))
+    body = relay.Tuple([relay.nn.batch_matmul(x, b), relay.nn.dense(y, w)])
+    mod = tvm.IRModule.from_expr(relay.Function([x, y, b, w], body))
+    params = {"b": rng.standard_normal((2, 16, 16)).astype("float32"),
+              "w": rng.standard_normal((32, 16)).astype("float32")}  # fmt: skip
+    return mod, params
+
+
+def _chosen(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
+    """(op, implementation) of each call the compiler lowers from here on."""
+    chosen: list[tuple[str, str]] = []
+    select = te_compiler.select_implementation
+
+    def recorded(op: Any, *args: Any, **kwargs: Any) -> Any:
+        impl, outputs = select(op, *args, **kwargs)
+        chosen.append((op.name, impl.name))
+        return impl, outputs
+
+    monkeypatch.setattr(te_compiler, "select_implementation", recorded)
+    return chosen
+
+
+@pytest.mark.xdist_group("tuning")
+@pytest.mark.parametrize("tuner", ["ansor", "meta_schedule"])
+def test_a_build_keeps_records_where_they_are_and_topi_elsewhere(
+    tuner: str, tmp_path: Path, monkeypatch
+) -> None:
+    """The batch_matmul tuned (Ansor rewrites its weight's layout for the record), the dense
+    not: the dense is TOPI's, and the model computes what numpy does."""
+    mod, params = _bmm_and_dense()
+    target = host_target()
+    adapter = get_adapter(tuner)
+    tasks = adapter.extract(mod, target, params)
+    bmm = [t for t in tasks if t.anchor_op == "nn.batch_matmul"]
+    assert len(bmm) == 1 and len(tasks) == 2
+    tune_until(adapter, bmm, target, 2, tmp_path, Runner())
+    chosen = _chosen(monkeypatch)
+    library = adapter.build(mod, target, params, tmp_path, bmm)
+    assert ("nn.dense", "dense_pack.x86") in chosen
+    assert all(impl != "dense_pack.x86" for op, impl in chosen if op == "nn.batch_matmul")
+    graph = graph_executor.GraphModule(library["default"](tvm.cpu(0)))
+    rng = np.random.default_rng(1)
+    x, y = rng.standard_normal((2, 8, 16)), rng.standard_normal((8, 16))
+    graph.set_input("x", x.astype("float32"))
+    graph.set_input("y", y.astype("float32"))
+    graph.run()
+    expected = [x @ params["b"].transpose(0, 2, 1), y @ params["w"].T]
+    for index, want in enumerate(expected):
+        np.testing.assert_allclose(graph.get_output(index).numpy(), want, rtol=1e-4, atol=1e-4)
+
+
+_BUILT_FIRST = """
+import sys, warnings
+from pathlib import Path
+import numpy as np, tvm
+from tvm import relay
+x, w = relay.var("x", shape=(8, 32)), relay.var("w", shape=(16, 32))
+mod = tvm.IRModule.from_expr(relay.Function([x, w], relay.nn.dense(x, w)))
+params = {"w": np.ones((16, 32), "float32")}
+{first}
+import relay_tasks
+from relay_tasks.adapters import get_adapter
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    get_adapter("meta_schedule").build(mod, relay_tasks.host_target(), params, Path(sys.argv[1]), [])
+print([str(w.message).split(" (")[0] for w in caught if isinstance(w.message, relay_tasks.RelayTasksWarning)])
+"""
+
+
+@pytest.mark.parametrize("first", [False, True], ids=["imported-first", "tvm-built-first"])
+def test_a_compiler_holding_tvms_own_lowering_is_named(first: bool, tmp_path: Path) -> None:
+    """TVM's compiler keeps the ``lower_call`` it finds first: where TVM built before
+    relay_tasks was imported, the build says that its untuned functions got naive schedules."""
+    import subprocess
+    import sys
+
+    built = "relay.build(mod, target='llvm', params=params)" if first else ""
+    code = _BUILT_FIRST.replace("{first}", built)
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    named = ["TVM's compiler lowered this build with its own relay.backend.lower_call"]
+    assert done.stdout.splitlines()[-1] == str(named if first else [])
