@@ -4,8 +4,10 @@ For each model, tuner and budget (valid measurements for ours, trials for upstre
 which count failed ones too), each side tunes in a fresh process and a work dir of its own,
 the sides alternating which goes first, while this process reads the side's records every 5 s
 (relay-tasks' readers: upstream's loops write the same formats) for the model latency they
-estimate (each task's best record or, where faster or not measured yet, its default schedule,
-measured once here for both sides); then one process times every library built, with the
+estimate (each task's best record or, where faster or not measured yet, its default schedule:
+its latency as that side's build gives a task without records, measured once here; under
+MetaSchedule and Ansor upstream's is the naive schedule x86's dense and batch_matmul strategies
+leave for the tuner, ours TOPI's); then one process times every library built, with the
 same ``time_evaluator`` settings (``relay_tasks.tuning.compile.run``: 20 repeats of at least
 50 ms each), beside the untuned build. hhb-tvm does not register the tensor intrinsics
 MetaSchedule's own x86 rules look up, so upstream's ``tune_relay`` fails at once on it; the
@@ -228,6 +230,49 @@ def _defaults(tuner: str, tasks: list[Any], folder: Path) -> dict[str, float]:
     return read_defaults(folder)
 
 
+def _upstream_defaults(tuner: str, tasks: list[Any], folder: Path) -> dict[str, float]:
+    """Each task's latency as upstream's build gives a task without records (under MetaSchedule
+    and Ansor, for x86's dense and batch_matmul, the naive schedule left for the tuner), for
+    upstream's estimates; measured here once."""
+    import relay_tasks
+    from relay_tasks.tuning.defaults import default_seconds
+
+    cache = folder / "upstream.json"
+    if cache.exists():
+        found: dict[str, float] = json.loads(cache.read_text())
+        return found
+    target = relay_tasks.host_target()
+    found = {}
+    for task in tasks:
+        if task.source is None or task.alternatives_of in found:
+            continue
+        seconds = default_seconds(
+            task.source.func, target, lambda mod: _upstream_build(tuner, mod, target)
+        )
+        if seconds is not None:
+            found[task.alternatives_of] = seconds
+    folder.mkdir(parents=True, exist_ok=True)
+    cache.write_text(json.dumps(found))
+    return found
+
+
+def _upstream_build(tuner: str, mod: Any, target: Any) -> Any:
+    """Upstream's build of ``mod`` with no records, as its loops build."""
+    import os
+
+    import tvm
+    from tvm import relay
+
+    if tuner == "meta_schedule":
+        from tvm import meta_schedule as ms
+
+        ms_target = tvm.target.Target(f"{target} -num-cores {os.cpu_count()}")
+        return ms.relay_integration.compile_relay(ms.database.MemoryDatabase(), mod, ms_target)
+    config = {"relay.backend.use_auto_scheduler": True} if tuner == "ansor" else {}
+    with tvm.transform.PassContext(opt_level=3, config=config):
+        return relay.build(mod, target=target)
+
+
 def _cli(command: list[str]) -> None:
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
@@ -395,13 +440,15 @@ def main() -> None:
         rows = []
         for tuner in args.tuners:
             tasks = _tasks(tuner, models[model])
-            defaults = _defaults(tuner, tasks, args.out / "defaults" / f"{model}-{tuner}")
+            folder = args.out / "defaults" / f"{model}-{tuner}"
+            defaults = {"ours": _defaults(tuner, tasks, folder),
+                        "upstream": _upstream_defaults(tuner, tasks, folder)}  # fmt: skip
             for turn, budget in enumerate(args.budgets):
                 sides = ("upstream", "ours") if turn % 2 == 0 else ("ours", "upstream")
                 for side in sides:
                     work = args.out / "runs" / f"{model}-{tuner}-{budget}-{side}"
                     shutil.rmtree(work, ignore_errors=True)
-                    result = _side(side, tuner, budget, work, models[model], tasks, defaults)
+                    result = _side(side, tuner, budget, work, models[model], tasks, defaults[side])
                     rows.append((tuner, budget, side, result))
                     if "error" not in result:
                         libraries[f"{tuner}-{budget}-{side}"] = work / "model.so"

@@ -64,7 +64,7 @@ from .base import (
 from .functions import read_source, source_data
 from .journal import adopt_lines, append, records_of
 from .records import ansor_problem
-from .untuned import signatures, untuned_as_without
+from .untuned import covered_by, untuned_as_without
 
 NAME = "ansor"
 #: The records, one a line.
@@ -423,18 +423,38 @@ def flops(task: auto_scheduler.SearchTask) -> float:
     return float(task.compute_dag.flop_ct)
 
 
-def build(mod: Any, target: Target, params: Any, work_dir: Path, tasks: Sequence[TunerTask]) -> Any:
+def build(
+    mod: Any,
+    target: Target,
+    params: Any,
+    work_dir: Path,
+    tasks: Sequence[TunerTask],
+    others: Sequence[TunerTask] = (),
+) -> Any:
     """``relay.build`` with the log's best states of ``tasks`` applied, as upstream's tutorial
-    builds (the other tasks keep TVM's default schedules)."""
+    builds; the other tasks (``others`` among them) get TVM's default schedules
+    (:mod:`.untuned`)."""
     unrewritable = frozenset(
         t.native.workload_key for t in tasks if _rewrite_fails(t.native.compute_dag)
     )
     with records_of(LOG, measurements, tasks, work_dir) as log:
         records = _BestWithoutFailingRewrites(str(log), unrewritable)
-    covered = signatures(t.source.func for t in tasks if t.source is not None)
-    untuned = untuned_as_without("relay.backend.use_auto_scheduler", covered)
-    with untuned, records, tvm.transform.PassContext(opt_level=3, config=PASS_CONFIG):
+    untuned = untuned_as_without("relay.backend.use_auto_scheduler", covered_by(tasks, others))
+    context = tvm.transform.PassContext(opt_level=3, config=PASS_CONFIG)
+    with untuned, _quiet_fallback(), records, context:
         return relay.build(mod, target=target, params=params)
+
+
+@contextmanager
+def _quiet_fallback() -> Iterator[None]:
+    """Ansor's fallback context prints a compute DAG for each complex function without a
+    record: ``compile`` names those tasks in one line already."""
+    fallback = auto_scheduler.DispatchContext.current
+    verbose, fallback.verbose = fallback.verbose, 0
+    try:
+        yield
+    finally:
+        fallback.verbose = verbose
 
 
 def _runner(runner: Runner) -> Any:

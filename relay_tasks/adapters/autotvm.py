@@ -536,9 +536,16 @@ def flops(task: autotvm.task.Task) -> float:
     return float(task.flop)
 
 
-def build(mod: Any, target: Target, params: Any, work_dir: Path, tasks: Sequence[TunerTask]) -> Any:
+def build(
+    mod: Any,
+    target: Target,
+    params: Any,
+    work_dir: Path,
+    tasks: Sequence[TunerTask],
+    others: Sequence[TunerTask] = (),
+) -> Any:
     """``relay.build`` with the log's best configs of ``tasks`` dispatched to their templates
-    (the others keep their fallback configs)."""
+    (the others, ``others`` among them, keep their fallback configs)."""
     import tvm
     from tvm import relay
 

@@ -84,8 +84,9 @@ class Adapter:
     - ``measurements(work_dir)``: the records in ``work_dir``, in the order measured, each
       under its task's key (the records name their tasks; standing() matches them to rows);
     - ``flops(native)``: floating-point operations of one call of the task;
-    - ``build(mod, target, params, work_dir, tasks)``: the model built with the best records of
-      ``tasks`` (the model's, extracted here) applied;
+    - ``build(mod, target, params, work_dir, tasks, others=())``: the model built with the best
+      records of ``tasks`` (the model's, extracted here) applied; ``others`` are its tasks built
+      without records (their functions get TVM's default schedules);
     - ``logs``: the files of ``work_dir`` its records are in, one record a line;
     - ``check(tasks, work_dir)``: refuse, as damaged, a record of ``tasks`` the tuner would
       apply although its search never writes it (checks that need the tasks; the rest are
@@ -103,7 +104,7 @@ class Adapter:
     tune: Callable[..., None] = field(repr=False)
     measurements: Callable[[Path], list[Measurement]] = field(repr=False)
     flops: Callable[[Any], float] = field(repr=False)
-    build: Callable[[Any, Any, Any, Path, Sequence[TunerTask]], Any] = field(repr=False)
+    build: Callable[..., Any] = field(repr=False)
     logs: tuple[str, ...] = ()
     check: Callable[[Sequence[TunerTask], Path], None] = field(
         default=lambda tasks, work_dir: None, repr=False

@@ -53,7 +53,7 @@ from .database import (
     workload_key,
 )
 from .functions import read_source, source_data
-from .untuned import signatures, untuned_as_without
+from .untuned import covered_by, untuned_as_without
 from .verify import CANDIDATES, first_agreeing, runs_here, same_results, warn_wrong_records
 
 NAME = "meta_schedule"
@@ -547,12 +547,20 @@ def flops(task: ms.ExtractedTask) -> float:
 
 
 def build(
-    mod: IRModule, target: Target, params: Any, work_dir: Path, tasks: Sequence[TunerTask]
+    mod: IRModule,
+    target: Target,
+    params: Any,
+    work_dir: Path,
+    tasks: Sequence[TunerTask],
+    others: Sequence[TunerTask] = (),
 ) -> Any:
-    """``compile_relay`` with the work dir's records of ``tasks``: each takes its best."""
+    """``compile_relay`` with the work dir's records of ``tasks``: each takes its best that
+    computes what it computes; the other tasks (``others`` among them) get TVM's default
+    schedules (:mod:`.untuned`)."""
     database = WorkDatabase(work_dir, [t.native.dispatched[0] for t in tasks])
     memory, kept = _agreeing(database.memory, tasks, target)
-    covered = signatures(t.source.func for t in kept if t.source is not None)
+    unchecked = [t for t in tasks if t not in kept]
+    covered = covered_by(kept, [*others, *unchecked])
     with untuned_as_without("relay.backend.use_meta_schedule", covered):
         return ms.relay_integration.compile_relay(memory, mod, target, params)
 

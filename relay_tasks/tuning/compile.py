@@ -70,7 +70,9 @@ def build(mod: Any, params: Any, work_dir: str | Path, chosen: Plan | None = Non
     """The model built with the work dir's records (a graph executor factory module)."""
     chosen = chosen or plan(mod, params, work_dir)
     try:
-        return chosen.adapter.build(mod, chosen.target, params, Path(work_dir), chosen.applied)
+        applied = chosen.applied
+        others = [t for t in chosen.tasks if t not in applied]
+        return chosen.adapter.build(mod, chosen.target, params, Path(work_dir), applied, others)
     except ModelError:  # a damaged record, named where it is
         raise
     except Exception as err:

@@ -82,7 +82,8 @@ def test_a_build_keeps_records_where_they_are_and_topi_elsewhere(
     tuner: str, tmp_path: Path, monkeypatch
 ) -> None:
     """The batch_matmul tuned (Ansor rewrites its weight's layout for the record), the dense
-    not: the dense is TOPI's, and the model computes what numpy does."""
+    not: the dense is TOPI's, its weight packed ahead as a build without the tuner packs it,
+    and the model computes what numpy does."""
     mod, params = _bmm_and_dense()
     target = host_target()
     adapter = get_adapter(tuner)
@@ -92,7 +93,7 @@ def test_a_build_keeps_records_where_they_are_and_topi_elsewhere(
     tune_until(adapter, bmm, target, 2, tmp_path, Runner())
     chosen = _chosen(monkeypatch)
     library = adapter.build(mod, target, params, tmp_path, bmm)
-    assert ("nn.dense", "dense_pack.x86") in chosen
+    assert ("nn.contrib_dense_pack", "dense_pack.x86") in chosen  # its weight packed, as TOPI's
     assert all(impl != "dense_pack.x86" for op, impl in chosen if op == "nn.batch_matmul")
     graph = graph_executor.GraphModule(library["default"](tvm.cpu(0)))
     rng = np.random.default_rng(1)
@@ -136,3 +137,31 @@ def test_a_compiler_holding_tvms_own_lowering_is_named(first: bool, tmp_path: Pa
                           capture_output=True, text=True, check=True)  # fmt: skip
     named = ["TVM's compiler lowered this build with its own relay.backend.lower_call"]
     assert done.stdout.splitlines()[-1] == str(named if first else [])
+
+
+def test_a_call_shared_with_a_function_without_records_is_not_covered() -> None:
+    """Two functions with one dense (same shapes): the compiler lowers that call one way in
+    both, so with only one of them tuned it is TOPI's in both."""
+    from relay_tasks.adapters.untuned import covered_by, signature
+
+    x, y = relay.var("x", shape=(8, 32)), relay.var("y", shape=(8, 32))
+    w, v = relay.var("w", shape=(16, 32)), relay.var("v", shape=(16, 32))
+    first = relay.add(relay.nn.dense(x, w), relay.const(1.0))
+    second = relay.add(relay.add(relay.nn.dense(y, v), relay.const(1.0)), first)
+    mod = tvm.IRModule.from_expr(relay.Function([x, y, w, v], relay.Tuple([first, second])))
+    tasks = get_adapter("meta_schedule").extract(mod, host_target(), {})
+    dense_add, dense_add_add = sorted(
+        (t for t in tasks if t.anchor_op == "nn.dense"), key=lambda t: len(t.name)
+    )
+    dense = next(signature(c) for c in _calls(dense_add.source.func) if c.op.name == "nn.dense")
+    assert dense in covered_by([dense_add], [])
+    assert dense not in covered_by([dense_add], [dense_add_add])
+    assert dense in covered_by([dense_add, dense_add_add], [])
+
+
+def _calls(func: relay.Function) -> list[relay.Call]:
+    found: list[relay.Call] = []
+    relay.analysis.post_order_visit(
+        func, lambda n: found.append(n) if isinstance(n, relay.Call) else None
+    )
+    return found
