@@ -235,7 +235,7 @@ def _upstream_defaults(tuner: str, tasks: list[Any], folder: Path) -> dict[str, 
     and Ansor, for x86's dense and batch_matmul, the naive schedule left for the tuner), for
     upstream's estimates; measured here once."""
     import relay_tasks
-    from relay_tasks.tuning.defaults import default_seconds
+    from relay_tasks.tuning.defaults import default_seconds, weight_params
 
     cache = folder / "upstream.json"
     if cache.exists():
@@ -247,7 +247,10 @@ def _upstream_defaults(tuner: str, tasks: list[Any], folder: Path) -> dict[str, 
         if task.source is None or task.alternatives_of in found:
             continue
         seconds = default_seconds(
-            task.source.func, target, lambda mod: _upstream_build(tuner, mod, target)
+            task.source.func,
+            target,
+            lambda mod: _upstream_build(tuner, mod, target),
+            weights=weight_params(task.source.func, task.source.lowered),
         )
         if seconds is not None:
             found[task.alternatives_of] = seconds

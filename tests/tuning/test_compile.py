@@ -84,12 +84,13 @@ def test_records_slower_than_the_default_schedule_are_not_built(
 
 def test_a_tasks_default_is_what_its_tuners_build_gives_it_without_records(tiny, tmp_path):
     """The default is measured on the tuner's own build with no records (under MetaSchedule
-    the dense is TVM's naive schedule there, not TOPI's), once per work dir."""
+    TOPI's dense there, not the naive one left for the tuner: relay_tasks/adapters/untuned.py),
+    its weight a constant as in the model, once per work dir."""
     from dataclasses import replace
 
     import relay_tasks
     from relay_tasks.adapters import get_adapter
-    from relay_tasks.tuning.defaults import measure_defaults, read_defaults
+    from relay_tasks.tuning.defaults import measure_defaults, read_defaults, weight_params
 
     adapter, target = get_adapter("meta_schedule"), relay_tasks.host_target()
     mod, params = load_model(tiny[0], params=tiny[1])
@@ -104,6 +105,7 @@ def test_a_tasks_default_is_what_its_tuners_build_gives_it_without_records(tiny,
     measure_defaults(replace(adapter, build=build), tasks, target, tmp_path)  # kept: not again
     assert built == [(tmp_path, [])]
     assert set(read_defaults(tmp_path)) == {tasks[0].alternatives_of}
+    assert weight_params(tasks[0].source.func, tasks[0].source.lowered) == {1}  # dense's weight
 
 
 @pytest.mark.parametrize(
