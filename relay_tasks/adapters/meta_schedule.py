@@ -54,7 +54,14 @@ from .database import (
 )
 from .functions import read_source, source_data
 from .untuned import covered_by, untuned_as_without
-from .verify import CANDIDATES, first_agreeing, runs_here, same_results, warn_wrong_records
+from .verify import (
+    CANDIDATES,
+    agrees_with,
+    first_agreeing,
+    results,
+    runs_here,
+    warn_wrong_records,
+)
 
 NAME = "meta_schedule"
 MODULE_EQUALITIES = ("structural", "ignore-ndarray", "anchor-block")
@@ -579,8 +586,10 @@ def _agreeing(
         module = task.native.dispatched[0]
         best = list(memory.get_top_k(memory.commit_workload(module), CANDIDATES))
 
-        def agrees(record: Any, module: IRModule = module) -> bool:
-            return same_results(module, _scheduled(record), target)
+        expected = results(module, target)
+
+        def agrees(record: Any, expected: Any = expected) -> bool:
+            return agrees_with(expected, _scheduled(record), target)
 
         record, passed = first_agreeing(best, agrees)
         if passed:

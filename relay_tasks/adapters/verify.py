@@ -15,7 +15,7 @@ the records are applied unchecked.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -39,19 +39,34 @@ def runs_here(target: Any) -> bool:
 
 def same_results(reference: tvm.IRModule, scheduled: tvm.IRModule, target: Any) -> bool:
     """Whether two TIR modules of one ``main`` (a task's compute, unscheduled and scheduled)
-    leave the same values in every buffer, from the same seeded arguments: equal up to the
-    rounding a reordered reduction makes (a relative 1e-3 of the largest value). A schedule
-    that fails to build disagrees; a compute that does not build alone cannot be checked, and
-    its records pass."""
+    leave the same values in every buffer, from the same seeded arguments (see
+    :func:`agrees_with`)."""
+    return agrees_with(results(reference, target), scheduled, target)
+
+
+def results(mod: tvm.IRModule, target: Any) -> list[np.ndarray[Any, Any]] | None:
+    """What ``mod``'s ``main`` leaves in its buffers from the seeded arguments; None where it
+    does not build (a task's compute alone: nothing to check against)."""
     try:
-        reference_out = _run(reference, target)
-    except tvm.TVMError:  # the task's compute alone does not build: nothing to check against
+        return _run(mod, target)
+    except tvm.TVMError:
+        return None
+
+
+def agrees_with(
+    expected: list[np.ndarray[Any, Any]] | None, scheduled: tvm.IRModule, target: Any
+) -> bool:
+    """Whether ``scheduled`` leaves the ``expected`` :func:`results`, up to the rounding a
+    reordered reduction makes (a relative 1e-3 of the largest value). A schedule that fails to
+    build disagrees; with nothing expected (a compute that does not build alone) every
+    schedule passes."""
+    if expected is None:
         return True
     try:
         scheduled_out = _run(scheduled, target)
     except tvm.TVMError:
         return False
-    for want, got in zip(reference_out, scheduled_out, strict=True):
+    for want, got in zip(expected, scheduled_out, strict=True):
         if want.dtype.kind not in "fc":
             if not np.array_equal(want, got):
                 return False
@@ -64,7 +79,11 @@ def same_results(reference: tvm.IRModule, scheduled: tvm.IRModule, target: Any) 
 
 def _run(mod: tvm.IRModule, target: Any) -> list[np.ndarray[Any, Any]]:
     func = mod["main"]
-    arrays = [_argument(func.buffer_map[param], seed) for seed, param in enumerate(func.params)]
+    arrays = []
+    for seed, param in enumerate(func.params):
+        buffer = func.buffer_map[param]
+        shape = [int(d) for d in buffer.shape]
+        arrays.append(seeded_values(np.random.default_rng(seed), shape, str(buffer.dtype)))
     library = tvm.build(mod, target=target)
     device = tvm.cpu(0)
     nds = [tvm.nd.array(array, device) for array in arrays]
@@ -72,15 +91,14 @@ def _run(mod: tvm.IRModule, target: Any) -> list[np.ndarray[Any, Any]]:
     return [nd.numpy() for nd in nds]
 
 
-def _argument(buffer: Any, seed: int) -> np.ndarray[Any, Any]:
-    """Seeded values for a buffer: normal floats; 0 and 1 for integers (an index into any
-    table, a valid boolean)."""
-    rng = np.random.default_rng(seed)
-    shape = [int(d) for d in buffer.shape]
-    dtype = str(buffer.dtype)
-    if dtype.startswith(("int", "uint", "bool")):
-        return rng.integers(0, 2, size=shape).astype(dtype)
-    return rng.standard_normal(shape).astype(dtype)
+def seeded_values(
+    rng: np.random.Generator, shape: Sequence[int], dtype: str
+) -> np.ndarray[Any, Any]:
+    """Values to run a function on: normal floats; 0 and 1 for integers (an index into any
+    table)."""
+    if dtype.startswith(("int", "uint")):
+        return rng.integers(0, 2, size=list(shape)).astype(dtype)
+    return rng.standard_normal(list(shape)).astype(dtype)
 
 
 def first_agreeing(candidates: list[Any], agrees: Callable[[Any], bool]) -> tuple[Any, int]:

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..adapters import Adapter, TunerTask, get_adapter
+from ..adapters.verify import seeded_values
 from ..errors import ModelError, TuningError, UsageError, describe_failure
 from .defaults import read_defaults
 from .records import standing
@@ -110,11 +111,7 @@ def random_inputs(mod: Any, params: Any) -> dict[str, np.ndarray[Any, Any]]:
         if var.name_hint in (params or {}):
             continue
         shape = [int(d) for d in var.checked_type.shape]
-        dtype = var.checked_type.dtype
-        if dtype.startswith(("int", "uint")):
-            inputs[var.name_hint] = rng.integers(0, 2, size=shape).astype(dtype)
-        else:
-            inputs[var.name_hint] = rng.standard_normal(shape).astype(dtype)
+        inputs[var.name_hint] = seeded_values(rng, shape, str(var.checked_type.dtype))
     return inputs
 
 

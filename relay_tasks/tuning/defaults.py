@@ -31,6 +31,7 @@ import numpy as np
 from ..adapters import Adapter, TunerTask
 from ..adapters.base import damaged, record_lines
 from ..adapters.journal import append
+from ..adapters.verify import seeded_values
 
 #: The file, in the work dir.
 DEFAULTS_FILE = "defaults.jsonl"
@@ -140,7 +141,4 @@ def default_seconds(
 
 
 def _values(rng: np.random.Generator, ttype: Any) -> np.ndarray[Any, Any]:
-    shape = [int(d) for d in ttype.shape]
-    dtype = ttype.dtype
-    value = rng.integers(0, 2, shape) if "int" in dtype else rng.standard_normal(shape)
-    return value.astype(dtype)
+    return seeded_values(rng, [int(d) for d in ttype.shape], str(ttype.dtype))

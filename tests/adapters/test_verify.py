@@ -41,16 +41,16 @@ def test_a_record_computing_something_else_is_passed_over(tmp_path: Path, monkey
     from tuned_models import assert_runs_as_numpy, tune_in_process
 
     tuned = tune_in_process("meta_schedule", tmp_path, [4])
-    agree = meta_schedule.same_results
+    agree = meta_schedule.agrees_with
     checked: list[Any] = []
 
-    def first_disagrees(reference: Any, scheduled: Any, target: Any) -> bool:
+    def first_disagrees(expected: Any, scheduled: Any, target: Any) -> bool:
         checked.append(scheduled)
-        return len(checked) > 1 and agree(reference, scheduled, target)
+        return len(checked) > 1 and agree(expected, scheduled, target)
 
-    monkeypatch.setattr(meta_schedule, "same_results", first_disagrees)
+    monkeypatch.setattr(meta_schedule, "agrees_with", first_disagrees)
     with pytest.warns(RelayTasksWarning, match="the best 1 of its records .* its next best"):
         assert_runs_as_numpy(tuned.build())
-    monkeypatch.setattr(meta_schedule, "same_results", lambda *args: False)
+    monkeypatch.setattr(meta_schedule, "agrees_with", lambda *args: False)
     with pytest.warns(RelayTasksWarning, match="the best 4 of its records .* default schedule"):
         assert_runs_as_numpy(tuned.build())
