@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -308,6 +309,7 @@ def _latencies(libraries: dict[str, Path], arguments: list[str]) -> dict[str, An
 def _child(argv: list[str]) -> None:
     side, tuner, budget, work, arguments = argv[0], argv[1], int(argv[2]), Path(argv[3]), argv[4:]
     work.mkdir(parents=True, exist_ok=True)
+    os.chdir(work)  # upstream's Ansor scheduler writes total_latency.tsv where it runs
     try:
         result = (_upstream if side == "upstream" else _ours)(tuner, arguments, budget, work)
     except Exception as err:  # a loop that fails on this TVM build: say how
@@ -434,6 +436,7 @@ def main() -> None:
         _child(sys.argv[2:])
         return
     args = build_parser().parse_args()
+    args.out = args.out.resolve()  # the children run in their work dirs
     print(f"machine: busy loop {busy_loop():.2f} s before", flush=True)
     models = _models(args.out / "models")
     print("model           tuner          budget  side      tune s  valid  failed  valid/min  "

@@ -64,7 +64,8 @@ from .base import (
 from .functions import read_source, source_data
 from .journal import adopt_lines, append, records_of
 from .records import ansor_problem
-from .untuned import covered_by, untuned_as_without
+from .untuned import covered_by, untuned_as_without, warn_unused
+from .verify import best_agreeing, results, runs_here
 
 NAME = "ansor"
 #: The records, one a line.
@@ -278,6 +279,8 @@ class _BestWithoutFailingRewrites(auto_scheduler.ApplyHistoryBest):  # type: ign
     def __init__(self, log: str, unrewritable: frozenset[str]) -> None:
         super().__init__(log)
         self.unrewritable = unrewritable
+        #: The workload keys a state was found for: the records the build applied.
+        self.applied: set[str] = set()
 
     def _query_inside(self, target: Any, workload_key: str, func_name: str) -> Any:
         env = TracingEnvironment.current
@@ -287,7 +290,10 @@ class _BestWithoutFailingRewrites(auto_scheduler.ApplyHistoryBest):  # type: ign
             and workload_key in self.unrewritable
         ):
             return None
-        return super()._query_inside(target, workload_key, func_name)
+        state = super()._query_inside(target, workload_key, func_name)
+        if state is not None:
+            self.applied.add(workload_key)
+        return state
 
 
 #: Measurements of a task, none valid, after which it is left (a tiny task's sketches can fail
@@ -437,12 +443,58 @@ def build(
     unrewritable = frozenset(
         t.native.workload_key for t in tasks if _rewrite_fails(t.native.compute_dag)
     )
+    kept = list(tasks)
     with records_of(LOG, measurements, tasks, work_dir) as log:
+        if runs_here(target):
+            chosen = _agreeing(log, tasks, target, unrewritable)
+            log.write_text("".join(line for _, line in chosen))
+            kept = [task for task, _ in chosen]
         records = _BestWithoutFailingRewrites(str(log), unrewritable)
     untuned = untuned_as_without("relay.backend.use_auto_scheduler", covered_by(tasks, others))
     context = tvm.transform.PassContext(opt_level=3, config=PASS_CONFIG)
     with untuned, _quiet_fallback(), records, context:
-        return relay.build(mod, target=target, params=params)
+        library = relay.build(mod, target=target, params=params)
+    applied = {t.key for t in kept if t.native.workload_key in records.applied}
+    warn_unused(kept, applied, [*others, *(t for t in tasks if t not in kept)])
+    return library
+
+
+def _agreeing(
+    log: Path, tasks: Sequence[TunerTask], target: Target, unrewritable: frozenset[str]
+) -> list[tuple[TunerTask, str]]:
+    """Of ``log``'s lines, each task's best valid one whose state computes what the task
+    computes (:mod:`.verify`), checked with the weights' layout rewritten inside the kernel,
+    as measured (or left, where the rewrite fails: :func:`_rewrite_fails`)."""
+    by_workload: dict[str, list[tuple[float, tuple[str, Any]]]] = {}
+    for _, line in record_lines(log):
+        inp, res = auto_scheduler.measure_record.load_record_from_string(line)
+        if int(res.error_no) == 0 and len(res.costs):
+            cost = sum(float(c) for c in res.costs) / len(res.costs)
+            by_workload.setdefault(inp.task.workload_key, []).append((cost, (line, inp.state)))
+    kept = []
+    for task in tasks:
+        dag, workload = task.native.compute_dag, task.native.workload_key
+        rewrite = (auto_scheduler.LayoutRewriteOption.NO_REWRITE if workload in unrewritable
+                   else auto_scheduler.LayoutRewriteOption.INSERT_TRANSFORM_STAGE)  # fmt: skip
+        candidates = by_workload.get(workload, [])
+        if not candidates:
+            continue
+
+        def scheduled(record: tuple[str, Any], dag: Any = dag, rewrite: Any = rewrite) -> Any:
+            return _lowered(dag, record[1], rewrite)
+
+        expected = results(_lowered(dag, dag.get_init_state()), target)
+        chosen = best_agreeing(task.name, candidates, expected, scheduled, target)
+        if chosen is not None:
+            kept.append((task, chosen[0] + "\n"))
+    return kept
+
+
+def _lowered(dag: Any, state: Any, rewrite: Any = None) -> tvm.IRModule:
+    """``state`` applied to ``dag``, lowered to a TIR module of one ``main``."""
+    option = auto_scheduler.LayoutRewriteOption.NO_REWRITE if rewrite is None else rewrite
+    schedule, args = dag.apply_steps_from_state(state, layout_rewrite=option)
+    return tvm.lower(schedule, args, name="main")
 
 
 @contextmanager

@@ -23,7 +23,7 @@ import tvm
 from tvm import autotvm
 from tvm.autotvm.task import TaskExtractEnv
 from tvm.autotvm.task.dispatcher import ApplyConfig, DispatchContext, FallbackContext
-from tvm.autotvm.task.space import ConfigSpace
+from tvm.autotvm.task.space import ConfigSpace, FallbackConfigEntity
 from tvm.autotvm.task.task import compute_flop, serialize_args
 from tvm.target import Target
 
@@ -55,6 +55,7 @@ from .base import (
 from .functions import only_fields, read_dtype, read_shape, read_source, source_data
 from .journal import adopt_lines, append, records_of
 from .records import autotvm_problem
+from .verify import best_agreeing, results, runs_here
 
 NAME = "autotvm"
 #: The records, one a line.
@@ -550,9 +551,44 @@ def build(
     from tvm import relay
 
     with records_of(LOG, measurements, tasks, work_dir) as log:
+        if runs_here(target):
+            log.write_text("".join(_agreeing(log, tasks, target)))
         records = autotvm.apply_history_best(str(log))
     with records, tvm.transform.PassContext(opt_level=3):
         return relay.build(mod, target=target, params=params)
+
+
+def _agreeing(log: Path, tasks: Sequence[TunerTask], target: Target) -> list[str]:
+    """Of ``log``'s lines, each task's best valid one whose config computes what the
+    template's fallback config computes (:mod:`.verify`)."""
+    by_task: dict[str, list[tuple[float, tuple[str, Any]]]] = {}
+    for _, line in record_lines(log):
+        inp, res = autotvm.record.decode(line)
+        if res.error_no == 0 and res.costs:
+            cost = sum(res.costs) / len(res.costs)
+            by_task.setdefault(key(inp.task), []).append((cost, (line, inp.config)))
+    kept = []
+    for task in tasks:
+        candidates = by_task.get(task.key, [])
+        if not candidates:
+            continue
+        native = create_task(task.native.name, task.native.args, target)
+
+        def scheduled(record: tuple[str, Any], native: Any = native) -> tvm.IRModule:
+            return _lowered(native, record[1], target)
+
+        expected = results(_lowered(native, FallbackConfigEntity(), target), target)
+        chosen = best_agreeing(task.name, candidates, expected, scheduled, target)
+        if chosen is not None:
+            kept.append(chosen[0] + "\n")
+    return kept
+
+
+def _lowered(task: autotvm.task.Task, config: Any, target: Target) -> tvm.IRModule:
+    """The template of ``task`` under ``config``, lowered to a TIR module of one ``main``."""
+    with target:
+        schedule, args = task.instantiate(config)
+    return tvm.lower(schedule, args, name="main")
 
 
 ADAPTER = Adapter(

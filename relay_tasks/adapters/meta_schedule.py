@@ -23,6 +23,7 @@ from tvm import meta_schedule as ms
 from tvm import relay
 from tvm.ir import IRModule
 from tvm.ir.supply import NameSupply
+from tvm.meta_schedule.utils import derived_object
 from tvm.target import Target
 
 from ..errors import ModelError
@@ -53,7 +54,7 @@ from .database import (
     workload_key,
 )
 from .functions import read_source, source_data
-from .untuned import covered_by, untuned_as_without
+from .untuned import covered_by, untuned_as_without, warn_unused
 from .verify import (
     CANDIDATES,
     agrees_with,
@@ -568,8 +569,54 @@ def build(
     memory, kept = _agreeing(database.memory, tasks, target)
     unchecked = [t for t in tasks if t not in kept]
     covered = covered_by(kept, [*others, *unchecked])
+    asked = _Asked(memory)
     with untuned_as_without("relay.backend.use_meta_schedule", covered):
-        return ms.relay_integration.compile_relay(memory, mod, target, params)
+        library = ms.relay_integration.compile_relay(asked, mod, target, params)
+    warn_unused(kept, asked.applied, [*others, *unchecked])
+    return library
+
+
+@derived_object
+class _Asked(ms.database.PyDatabase):  # type: ignore[misc]
+    """A database that answers as ``inner`` does and notes the workloads the build found a
+    record for (by :func:`.database.workload_key`)."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__()
+        self.inner = inner
+        self.applied: set[str] = set()
+
+    def has_workload(self, mod: IRModule) -> bool:
+        return bool(self.inner.has_workload(mod))
+
+    def commit_workload(self, mod: IRModule) -> Any:
+        return self.inner.commit_workload(mod)
+
+    def commit_tuning_record(self, record: Any) -> None:
+        self.inner.commit_tuning_record(record)
+
+    def get_top_k(self, workload: Any, top_k: int) -> Any:
+        return self.inner.get_top_k(workload, top_k)
+
+    def get_all_tuning_records(self) -> Any:
+        return self.inner.get_all_tuning_records()
+
+    def query_tuning_record(self, mod: IRModule, target: Target, name: str) -> Any:
+        record = self.inner.query_tuning_record(mod, target, name)
+        if record is not None:
+            self.applied.add(workload_key(record.workload.mod))
+        return record
+
+    def query_schedule(self, mod: IRModule, target: Target, name: str) -> Any:
+        record = self.query_tuning_record(mod, target, name)
+        return None if record is None else self.inner.query_schedule(mod, target, name)
+
+    def query_ir_module(self, mod: IRModule, target: Target, name: str) -> Any:
+        record = self.query_tuning_record(mod, target, name)
+        return None if record is None else self.inner.query_ir_module(mod, target, name)
+
+    def __len__(self) -> int:
+        return len(self.inner)
 
 
 def _agreeing(

@@ -26,7 +26,7 @@ imported (with relay_tasks), and is TVM's own outside such a build.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, NamedTuple
@@ -88,6 +88,32 @@ def covered_by(tuned: Iterable[TunerTask], others: Iterable[TunerTask]) -> froze
         return signatures(t.source.func for t in tasks if t.source is not None)
 
     return of(tuned) - of(others)
+
+
+def warn_unused(
+    tuned: Sequence[TunerTask], applied: Iterable[str], others: Sequence[TunerTask]
+) -> None:
+    """Name the ``tuned`` tasks whose record the build never applied (``applied`` holds the
+    keys it did), with the tasks without records that share a call with each: the build
+    lowered that call TOPI's way, so the function is not the one the record is for."""
+    found = set(applied)
+    unused = [t for t in tuned if t.key not in found]
+    if not unused:
+        return
+    parts = []
+    for task in unused:
+        calls = signatures([task.source.func]) if task.source is not None else frozenset()
+        sharers = [o.name for o in others if o.source is not None
+                   and calls & signatures([o.source.func])]  # fmt: skip
+        parts.append(f"{task.name} (shares an op call with {', '.join(sharers)}, "
+                     "which has none)" if sharers else task.name)  # fmt: skip
+    warnings.warn(
+        f"the build did not use the records of {len(unused)} tuned task(s), built with TVM's "
+        f"default schedules instead: {'; '.join(parts)}. A call shared with a task without "
+        "records is lowered as that task needs it; tune the sharers too",
+        RelayTasksWarning,
+        stacklevel=3,
+    )
 
 
 class _Untuned(NamedTuple):

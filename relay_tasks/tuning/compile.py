@@ -17,7 +17,7 @@ import numpy as np
 from ..adapters import Adapter, TunerTask, get_adapter
 from ..adapters.verify import seeded_values
 from ..errors import ModelError, TuningError, UsageError, describe_failure
-from .defaults import read_defaults
+from .defaults import read_defaults, stale_defaults
 from .records import standing
 from .tune import tuned_for
 
@@ -32,6 +32,8 @@ class Plan:
     tuned: list[TunerTask]
     #: Tasks with records whose best is slower than TVM's default schedule (built with that).
     slower: list[TunerTask] = field(default_factory=list)
+    #: Tasks whose default latency an older relay-tasks measured (:mod:`.defaults`).
+    stale: list[TunerTask] = field(default_factory=list)
 
     @property
     def missing(self) -> list[TunerTask]:
@@ -50,6 +52,9 @@ class Plan:
         if self.slower:
             names = ", ".join(t.name for t in self.slower)
             line += f"; slower than TVM's default schedule (built with it): {names}"
+        if self.stale:
+            line += (f"; {len(self.stale)} default latencies were measured by an older "
+                     "relay-tasks, its way (`relay-tasks tune` measures them again)")  # fmt: skip
         return line
 
 
@@ -64,7 +69,9 @@ def plan(mod: Any, params: Any, work_dir: str | Path) -> Plan:
     built = {r.task.alternatives_of for r in now.chosen}  # where a record beats the default
     measured = [r.task for r in now.tasks if r.best is not None]
     slower = [t for t in measured if t.alternatives_of not in built]
-    return Plan(adapter, tuned.target, tasks, measured, slower)
+    old = stale_defaults(Path(work_dir))
+    stale = [t for t in measured if t.alternatives_of in old]
+    return Plan(adapter, tuned.target, tasks, measured, slower, stale)
 
 
 def build(mod: Any, params: Any, work_dir: str | Path, chosen: Plan | None = None) -> Any:

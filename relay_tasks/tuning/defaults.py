@@ -10,11 +10,13 @@ that. That default is the tuner's own build's, TOPI's schedule for every tuner: 
 MetaSchedule and Ansor many x86 strategies (dense, batch_matmul, matmul, conv3d) pick an
 implementation with TVM's naive schedule, left for the tuner (BERT-2's dense layers: 15 ms of
 a model TOPI runs in 3.7), and the adapters' builds lower what no record covers as the build
-without the tuner does (:mod:`relay_tasks.adapters.untuned`). Work dirs tuned before that
-hold the naive latencies: their records are applied wherever they beat those.
+without the tuner does (:mod:`relay_tasks.adapters.untuned`), with the weights as constants.
 
-The latencies are kept in ``defaults.jsonl``, ``{"task": key, "seconds": s}`` a line, read
-back through :func:`read_defaults`'s allowlist.
+The latencies are kept in ``defaults.jsonl``, ``{"task": key, "seconds": s, "version": 2}`` a
+line, read back through :func:`read_defaults`'s allowlist. Lines without a version were
+measured by relay-tasks before 2026-12 (the naive schedules, or the weights as inputs, which
+TOPI's dense repacks on every run): the next ``tune`` measures those tasks again, and until
+then they stand in, each named by :func:`stale_defaults`.
 """
 
 from __future__ import annotations
@@ -39,23 +41,44 @@ DEFAULTS_FILE = "defaults.jsonl"
 KEY = re.compile(r"[0-9a-f]{1,64}\Z")
 
 
+#: How the defaults are measured now (see the module's docstring); lines without are older.
+VERSION = 2
+
+
 def read_defaults(work_dir: Path) -> dict[str, float]:
     """Each task's default latency (seconds) by its key (the ``alternatives_of`` of its
-    tuner's tasks: alternatives of one function share one default); a line that is not
-    exactly a key and a finite positive number of seconds is a damaged record."""
+    tuner's tasks: alternatives of one function share one default), measured as now where
+    the work dir has that, else as before (:func:`stale_defaults`)."""
+    current, stale = _read(work_dir)
+    return {**stale, **current}
+
+
+def stale_defaults(work_dir: Path) -> set[str]:
+    """The keys whose default latency was measured only by an older relay-tasks."""
+    current, stale = _read(work_dir)
+    return set(stale) - set(current)
+
+
+def _read(work_dir: Path) -> tuple[dict[str, float], dict[str, float]]:
+    """The defaults measured as now, and those measured before; a line that is not exactly a
+    key, a finite positive number of seconds and this version (or none) is a damaged record."""
     path = work_dir / DEFAULTS_FILE
-    found = {}
+    current: dict[str, float] = {}
+    stale: dict[str, float] = {}
     for number, line in record_lines(path):
         entry = json.loads(line)
         key = entry.get("task") if isinstance(entry, dict) else None
         seconds = entry.get("seconds") if isinstance(entry, dict) else None
-        if (not isinstance(entry, dict) or set(entry) != {"task", "seconds"}
+        if (not isinstance(entry, dict) or set(entry) - {"version"} != {"task", "seconds"}
+                or entry.get("version", VERSION) != VERSION
                 or not isinstance(key, str) or not KEY.match(key)
                 or isinstance(seconds, bool) or not isinstance(seconds, (int, float))
                 or not math.isfinite(seconds) or seconds <= 0):  # fmt: skip
-            raise damaged(path, number, "a default latency is a task key and seconds")
-        found[key] = float(seconds)
-    return found
+            raise damaged(
+                path, number, f"a default latency is a task key, seconds and version {VERSION}"
+            )
+        (current if "version" in entry else stale)[key] = float(seconds)
+    return current, stale
 
 
 def measure_defaults(
@@ -63,7 +86,7 @@ def measure_defaults(
 ) -> None:
     """Measure, on this machine, the default latency of each task the work dir has none for,
     each built by ``adapter``'s build with no records."""
-    known = read_defaults(work_dir)
+    known, _ = _read(work_dir)
     done: set[str] = set()
     for task in tasks:
         key = task.alternatives_of
@@ -77,7 +100,15 @@ def measure_defaults(
             weights=weight_params(task.source.func, task.source.lowered),
         )
         if seconds is not None:
-            append(work_dir, [(DEFAULTS_FILE, [json.dumps({"task": key, "seconds": seconds})])])
+            append(
+                work_dir,
+                [
+                    (
+                        DEFAULTS_FILE,
+                        [json.dumps({"task": key, "seconds": seconds, "version": VERSION})],
+                    )
+                ],
+            )
 
 
 def weight_params(func: Any, lowered: Any) -> frozenset[int]:

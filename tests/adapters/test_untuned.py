@@ -139,17 +139,21 @@ def test_a_compiler_holding_tvms_own_lowering_is_named(first: bool, tmp_path: Pa
     assert done.stdout.splitlines()[-1] == str(named if first else [])
 
 
-def test_a_call_shared_with_a_function_without_records_is_not_covered() -> None:
-    """Two functions with one dense (same shapes): the compiler lowers that call one way in
-    both, so with only one of them tuned it is TOPI's in both."""
-    from relay_tasks.adapters.untuned import covered_by, signature
-
+def _sharing() -> tvm.IRModule:
+    """``dense + 1`` and ``dense + 1 + that``: two functions with one dense call (same shapes)."""
     x, y = relay.var("x", shape=(8, 32)), relay.var("y", shape=(8, 32))
     w, v = relay.var("w", shape=(16, 32)), relay.var("v", shape=(16, 32))
     first = relay.add(relay.nn.dense(x, w), relay.const(1.0))
     second = relay.add(relay.add(relay.nn.dense(y, v), relay.const(1.0)), first)
-    mod = tvm.IRModule.from_expr(relay.Function([x, y, w, v], relay.Tuple([first, second])))
-    tasks = get_adapter("meta_schedule").extract(mod, host_target(), {})
+    return tvm.IRModule.from_expr(relay.Function([x, y, w, v], relay.Tuple([first, second])))
+
+
+def test_a_call_shared_with_a_function_without_records_is_not_covered() -> None:
+    """The compiler lowers a shared call one way in both functions, so with only one of them
+    tuned it is TOPI's in both."""
+    from relay_tasks.adapters.untuned import covered_by, signature
+
+    tasks = get_adapter("meta_schedule").extract(_sharing(), host_target(), {})
     dense_add, dense_add_add = sorted(
         (t for t in tasks if t.anchor_op == "nn.dense"), key=lambda t: len(t.name)
     )
@@ -165,3 +169,29 @@ def _calls(func: relay.Function) -> list[relay.Call]:
         func, lambda n: found.append(n) if isinstance(n, relay.Call) else None
     )
     return found
+
+
+@pytest.mark.xdist_group("tuning")
+@pytest.mark.parametrize("tuner", ["ansor", "meta_schedule"])
+def test_records_a_build_could_not_use_are_named_with_the_task_sharing_their_call(
+    tuner: str, tmp_path: Path
+) -> None:
+    """Both functions tuned, built with the shorter one's records alone: its dense is lowered
+    TOPI's way for the other, so its record is not the function's any more, and the build says
+    so, naming the sharer; built with both, nothing to say."""
+    import warnings
+
+    from relay_tasks import RelayTasksWarning
+
+    mod, target, adapter = _sharing(), host_target(), get_adapter(tuner)
+    tasks = [t for t in adapter.extract(mod, target, {}) if t.anchor_op == "nn.dense"]
+    short, long = sorted(tasks, key=lambda t: len(t.name))
+    for task in tasks:
+        tune_until(adapter, [task], target, 2, tmp_path, Runner())
+    with pytest.warns(RelayTasksWarning, match="did not use the records of 1 ") as caught:
+        adapter.build(mod, target, {}, tmp_path, [short], [long])
+    message = str(next(w.message for w in caught if "did not use" in str(w.message)))
+    assert f"{short.name} (shares an op call with {long.name}, which has none)" in message
+    with warnings.catch_warnings():  # (a record passed over as wrong is another warning)
+        warnings.filterwarnings("error", "the build did not use", RelayTasksWarning)
+        adapter.build(mod, target, {}, tmp_path, [short, long])

@@ -10,7 +10,7 @@ import tvm
 from tvm import te, tir
 
 from relay_tasks import RelayTasksWarning, host_target
-from relay_tasks.adapters import meta_schedule
+from relay_tasks.adapters import ansor, autotvm, meta_schedule, verify
 from relay_tasks.adapters.verify import same_results
 
 
@@ -54,3 +54,71 @@ def test_a_record_computing_something_else_is_passed_over(tmp_path: Path, monkey
     monkeypatch.setattr(meta_schedule, "agrees_with", lambda *args: False)
     with pytest.warns(RelayTasksWarning, match="the best 4 of its records .* default schedule"):
         assert_runs_as_numpy(tuned.build())
+
+
+@pytest.mark.xdist_group("tuning")
+@pytest.mark.parametrize("adapter", [ansor, autotvm], ids=["ansor", "autotvm"])
+def test_an_ansor_state_or_autotvm_config_computing_something_else_is_passed_over(
+    adapter: Any, tmp_path: Path, monkeypatch
+) -> None:
+    """As for MetaSchedule: each checked state (config) is the tiny model's, applied to its
+    compute DAG (template), and agrees unpatched; a disagreeing best gives way to the next,
+    and with every one disagreeing the build takes TVM's default schedule, saying so."""
+    from tuned_models import assert_runs_as_numpy, tune_in_process
+
+    tuned = tune_in_process(adapter.NAME, tmp_path, [4])
+    assert sum(1 for _, s in tuned.records if s is not None) >= 2
+    agree = verify.agrees_with
+    checked: list[bool] = []
+
+    def first_disagrees(expected: Any, scheduled: Any, target: Any) -> bool:
+        checked.append(agree(expected, scheduled, target))
+        return len(checked) > 1 and checked[-1]
+
+    monkeypatch.setattr(verify, "agrees_with", first_disagrees)
+    with pytest.warns(RelayTasksWarning, match="the best 1 of its records .* its next best"):
+        assert_runs_as_numpy(tuned.build())
+    assert checked[:2] == [True, True]
+    monkeypatch.setattr(verify, "agrees_with", lambda *args: False)
+    with pytest.warns(RelayTasksWarning, match="of its records .* default schedule"):
+        assert_runs_as_numpy(tuned.build())
+
+
+#: An Ansor state of ``dense + 1`` (8x32 by 16x32) that Ansor measured valid (0.13 ms) on this
+#: TVM build, and whose code computes NaN: found by the check this file tests.
+_WRONG_STATE = [
+    ["CI", 3], ["SP", 2, 0, 8, [2, 2, 2], 1], ["SP", 2, 4, 16, [1, 2, 2], 1],
+    ["SP", 2, 8, 32, [4], 1], ["RE", 2, [0, 4, 1, 5, 8, 2, 6, 9, 3, 7]], ["FSP", 4, 0, 1, 2],
+    ["FSP", 4, 3, 2, 2], ["RE", 4, [0, 3, 1, 4, 2, 5]], ["CA", 2, 4, 3], ["FU", 4, [0, 1, 2, 3]],
+    ["AN", 4, 0, 3], ["PR", 2, 0, "auto_unroll_max_step$64"], ["AN", 2, 9, 2], ["AN", 4, 2, 2],
+]  # fmt: skip
+
+
+@pytest.mark.xdist_group("tuning")
+def test_an_ansor_state_measured_valid_that_computes_nan_is_not_built(tmp_path: Path) -> None:
+    import json
+
+    import numpy as np
+    from tvm import relay
+    from tvm.contrib import graph_executor
+
+    from relay_tasks.adapters import get_adapter
+
+    x, w = relay.var("x", shape=(8, 32)), relay.var("w", shape=(16, 32))
+    body = relay.add(relay.nn.dense(x, w), relay.const(1.0))
+    mod = tvm.IRModule.from_expr(relay.Function([x, w], body))
+    target, adapter = host_target(), get_adapter("ansor")
+    (task,) = adapter.extract(mod, target, {})
+    record = {"i": [[task.native.workload_key, str(target), [1, 64, 64, 0, 0, 0, 0, 0], "", 0, []],
+                    [[], _WRONG_STATE]],
+              "r": [[0.00013358], 0, 3.22916, 1796297714], "v": "v0.6"}  # fmt: skip
+    (tmp_path / "ansor.json").write_text(json.dumps(record) + "\n")
+    with pytest.warns(RelayTasksWarning, match="the best 1 of its records .* default schedule"):
+        library = adapter.build(mod, target, {}, tmp_path, [task])
+    rng = np.random.default_rng(3)
+    xv, wv = rng.standard_normal((8, 32)), rng.standard_normal((16, 32))
+    graph = graph_executor.GraphModule(library["default"](tvm.cpu(0)))
+    graph.set_input("x", xv.astype("float32"))
+    graph.set_input("w", wv.astype("float32"))
+    graph.run()
+    np.testing.assert_allclose(graph.get_output(0).numpy(), xv @ wv.T + 1, rtol=1e-4, atol=1e-4)

@@ -112,7 +112,8 @@ def test_a_tasks_default_is_what_its_tuners_build_gives_it_without_records(tiny,
     "line",
     ['{"task": "ab12", "seconds": -1}', '{"task": "../x", "seconds": 1}',
      '{"task": "ab12", "seconds": 1, "code": "x"}', '{"task": "ab12", "seconds": NaN}',
-     '["ab12", 1]', '{"task": "ab12", "seconds": true}'],
+     '["ab12", 1]', '{"task": "ab12", "seconds": true}',
+     '{"task": "ab12", "seconds": 1, "version": 3}', '{"task": "ab12", "seconds": 1, "version": "2"}'],
 )  # fmt: skip
 def test_a_default_latency_is_a_key_and_seconds_or_a_damaged_record(line, tmp_path) -> None:
     from relay_tasks.errors import ModelError
@@ -121,8 +122,38 @@ def test_a_default_latency_is_a_key_and_seconds_or_a_damaged_record(line, tmp_pa
     (tmp_path / DEFAULTS_FILE).write_text(line + '\n{"task": "cd34", "seconds": 0.5}\n')
     with pytest.raises(ModelError, match=r"defaults.jsonl, line 1: not a record"):
         read_defaults(tmp_path)
-    (tmp_path / DEFAULTS_FILE).write_text('{"task": "cd34", "seconds": 0.5}\n')
+    (tmp_path / DEFAULTS_FILE).write_text('{"task": "cd34", "seconds": 0.5, "version": 2}\n')
     assert read_defaults(tmp_path) == {"cd34": 0.5}
+
+
+def test_a_default_an_older_relay_tasks_measured_stands_in_until_tune_measures_it_again(
+    tuned: dict[str, Path], tiny, tmp_path
+) -> None:
+    """A line without a version (measured with the naive schedule, or the weights as inputs):
+    compile uses it and says so; the next measurement replaces it."""
+    import json
+    import shutil
+
+    from relay_tasks.tuning.defaults import (
+        DEFAULTS_FILE,
+        measure_defaults,
+        read_defaults,
+        stale_defaults,
+    )  # fmt: skip
+
+    mod, params = load_model(tiny[0], params=tiny[1])
+    work = tmp_path / "work"
+    shutil.copytree(tuned["meta_schedule"], work)
+    chosen = building.plan(mod, params, work)
+    (key,) = {t.alternatives_of for t in chosen.tasks}
+    (work / DEFAULTS_FILE).write_text(json.dumps({"task": key, "seconds": 1e-9}) + "\n")
+    assert read_defaults(work) == {key: 1e-9} and stale_defaults(work) == {key}
+    chosen = building.plan(mod, params, work)
+    assert chosen.stale == chosen.tasks == chosen.slower
+    assert "1 default latencies were measured by an older relay-tasks" in chosen.describe()
+    measure_defaults(chosen.adapter, chosen.tasks, chosen.target, work)
+    assert 0 < read_defaults(work)[key] < 1 and stale_defaults(work) == set()
+    assert building.plan(mod, params, work).stale == []
 
 
 def test_compile_names_the_tasks_without_records(tuned: dict[str, Path], tmp_path, capsys):
