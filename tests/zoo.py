@@ -33,6 +33,9 @@ NETWORKS = {
     "vgg-16": (pytest.mark.slow,),
 }
 SMALL = list(SMALL_GRAPHS)
+#: (network, target) rows in the slow tier though the network runs by default: ResNet-18's
+#: CUDA rows cost a minute of the default run's wall time, its x86 rows stay.
+SLOW_ROWS = {("resnet-18", "cuda")}
 
 
 def model_rows(*, small: bool = True, networks: bool = True) -> list[pytest.param]:
@@ -51,8 +54,10 @@ def model_target_rows(**which: bool) -> list[pytest.param]:
     for row in model_rows(**which):
         name = row.values[0]
         for tname, target in TARGETS.items():
-            group = pytest.mark.xdist_group(f"{name}-{tname}")
-            rows.append(pytest.param(name, target, marks=(*row.marks, group), id=f"{name}-{tname}"))
+            marks = (*row.marks, pytest.mark.xdist_group(f"{name}-{tname}"))
+            if (name, tname) in SLOW_ROWS:
+                marks = (*marks, pytest.mark.slow)
+            rows.append(pytest.param(name, target, marks=marks, id=f"{name}-{tname}"))
     return rows
 
 
