@@ -474,11 +474,11 @@ def _agreeing(
     kept = []
     for task in tasks:
         dag, workload = task.native.compute_dag, task.native.workload_key
-        rewrite = (auto_scheduler.LayoutRewriteOption.NO_REWRITE if workload in unrewritable
-                   else auto_scheduler.LayoutRewriteOption.INSERT_TRANSFORM_STAGE)  # fmt: skip
         candidates = by_workload.get(workload, [])
         if not candidates:
             continue
+        rewrite = (auto_scheduler.LayoutRewriteOption.NO_REWRITE if workload in unrewritable
+                   else auto_scheduler.LayoutRewriteOption.INSERT_TRANSFORM_STAGE)  # fmt: skip
 
         def scheduled(record: tuple[str, Any], dag: Any = dag, rewrite: Any = rewrite) -> Any:
             return _lowered(dag, record[1], rewrite)
@@ -490,10 +490,11 @@ def _agreeing(
     return kept
 
 
-def _lowered(dag: Any, state: Any, rewrite: Any = None) -> tvm.IRModule:
+def _lowered(
+    dag: Any, state: Any, rewrite: Any = auto_scheduler.LayoutRewriteOption.NO_REWRITE
+) -> tvm.IRModule:
     """``state`` applied to ``dag``, lowered to a TIR module of one ``main``."""
-    option = auto_scheduler.LayoutRewriteOption.NO_REWRITE if rewrite is None else rewrite
-    schedule, args = dag.apply_steps_from_state(state, layout_rewrite=option)
+    schedule, args = dag.apply_steps_from_state(state, layout_rewrite=rewrite)
     return tvm.lower(schedule, args, name="main")
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+import numpy as np
 import tvm
 from tvm import meta_schedule as ms
 from tvm import relay
@@ -55,14 +56,7 @@ from .database import (
 )
 from .functions import read_source, source_data
 from .untuned import covered_by, untuned_as_without, warn_unused
-from .verify import (
-    CANDIDATES,
-    agrees_with,
-    first_agreeing,
-    results,
-    runs_here,
-    warn_wrong_records,
-)
+from .verify import CANDIDATES, best_agreeing, results, runs_here
 
 NAME = "meta_schedule"
 MODULE_EQUALITIES = ("structural", "ignore-ndarray", "anchor-block")
@@ -631,16 +625,9 @@ def _agreeing(
     kept = []
     for task in tasks:
         module = task.native.dispatched[0]
-        best = list(memory.get_top_k(memory.commit_workload(module), CANDIDATES))
-
-        expected = results(module, target)
-
-        def agrees(record: Any, expected: Any = expected) -> bool:
-            return agrees_with(expected, _scheduled(record), target)
-
-        record, passed = first_agreeing(best, agrees)
-        if passed:
-            warn_wrong_records(task.name, passed, record is not None)
+        best = memory.get_top_k(memory.commit_workload(module), CANDIDATES)
+        candidates = [(float(np.mean([float(s) for s in r.run_secs])), r) for r in best]
+        record = best_agreeing(task.name, candidates, results(module, target), _scheduled, target)
         if record is not None:
             workload = checked.commit_workload(module)
             checked.commit_tuning_record(ms.database.TuningRecord(

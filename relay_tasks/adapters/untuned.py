@@ -100,11 +100,11 @@ def warn_unused(
     unused = [t for t in tuned if t.key not in found]
     if not unused:
         return
+    theirs = [(o.name, signatures([o.source.func])) for o in others if o.source is not None]
     parts = []
     for task in unused:
         calls = signatures([task.source.func]) if task.source is not None else frozenset()
-        sharers = [o.name for o in others if o.source is not None
-                   and calls & signatures([o.source.func])]  # fmt: skip
+        sharers = [name for name, their in theirs if calls & their]
         parts.append(f"{task.name} (shares an op call with {', '.join(sharers)}, "
                      "which has none)" if sharers else task.name)  # fmt: skip
     warnings.warn(

@@ -10,7 +10,7 @@ import tvm
 from tvm import te, tir
 
 from relay_tasks import RelayTasksWarning, host_target
-from relay_tasks.adapters import ansor, autotvm, meta_schedule, verify
+from relay_tasks.adapters import ansor, autotvm, verify
 from relay_tasks.adapters.verify import same_results
 
 
@@ -41,17 +41,17 @@ def test_a_record_computing_something_else_is_passed_over(tmp_path: Path, monkey
     from tuned_models import assert_runs_as_numpy, tune_in_process
 
     tuned = tune_in_process("meta_schedule", tmp_path, [4])
-    agree = meta_schedule.agrees_with
+    agree = verify.agrees_with
     checked: list[Any] = []
 
     def first_disagrees(expected: Any, scheduled: Any, target: Any) -> bool:
         checked.append(scheduled)
         return len(checked) > 1 and agree(expected, scheduled, target)
 
-    monkeypatch.setattr(meta_schedule, "agrees_with", first_disagrees)
+    monkeypatch.setattr(verify, "agrees_with", first_disagrees)
     with pytest.warns(RelayTasksWarning, match="the best 1 of its records .* its next best"):
         assert_runs_as_numpy(tuned.build())
-    monkeypatch.setattr(meta_schedule, "agrees_with", lambda *args: False)
+    monkeypatch.setattr(verify, "agrees_with", lambda *args: False)
     with pytest.warns(RelayTasksWarning, match="the best 4 of its records .* default schedule"):
         assert_runs_as_numpy(tuned.build())
 
