@@ -64,7 +64,7 @@ from .base import (
 from .functions import read_source, source_data
 from .journal import adopt_lines, append, records_of
 from .records import ansor_problem
-from .untuned import covered_by, untuned_as_without, warn_unused
+from .untuned import covered_by, untuned_as_without, variants_of, warn_unused
 from .verify import best_agreeing, results, runs_here
 
 NAME = "ansor"
@@ -450,7 +450,8 @@ def build(
             log.write_text("".join(line for _, line in chosen))
             kept = [task for task, _ in chosen]
         records = _BestWithoutFailingRewrites(str(log), unrewritable)
-    untuned = untuned_as_without("relay.backend.use_auto_scheduler", covered_by(tasks, others))
+    covered, variants = covered_by(tasks, others), variants_of([*tasks, *others])
+    untuned = untuned_as_without("relay.backend.use_auto_scheduler", covered, variants)
     context = tvm.transform.PassContext(opt_level=3, config=PASS_CONFIG)
     with untuned, _quiet_fallback(), records, context:
         library = relay.build(mod, target=target, params=params)

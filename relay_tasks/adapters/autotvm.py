@@ -55,6 +55,7 @@ from .base import (
 from .functions import only_fields, read_dtype, read_shape, read_source, source_data
 from .journal import adopt_lines, append, records_of
 from .records import autotvm_problem
+from .untuned import warn_unused
 from .verify import best_agreeing, results, runs_here
 
 NAME = "autotvm"
@@ -552,13 +553,38 @@ def build(
 
     with records_of(LOG, measurements, tasks, work_dir) as log:
         if runs_here(target):
-            log.write_text("".join(_agreeing(log, tasks, target)))
-        records = autotvm.apply_history_best(str(log))
+            chosen = _agreeing(log, tasks, target)
+            log.write_text("".join(line for _, line in chosen))
+            kept = [task for task, _ in chosen]
+        else:
+            valid = {m.key for m in measurements(work_dir) if m.valid}
+            kept = [t for t in tasks if t.key in valid]
+        records = _Found(str(log))
     with records, tvm.transform.PassContext(opt_level=3):
-        return relay.build(mod, target=target, params=params)
+        library = relay.build(mod, target=target, params=params)
+    applied = {t.key for t in kept if t.native.workload in records.found}
+    # AutoTVM asks every template of a call for its config whatever the other tasks hold:
+    # a record unused here is never one a sharer displaced.
+    warn_unused(kept, applied, [])
+    return library
 
 
-def _agreeing(log: Path, tasks: Sequence[TunerTask], target: Target) -> list[str]:
+class _Found(autotvm.task.ApplyHistoryBest):  # type: ignore[misc]
+    """The log's best configs, noting the workloads the build asked for and found: a
+    record whose workload no template of the build asks for is never applied."""
+
+    def __init__(self, log: str) -> None:
+        super().__init__(log)
+        self.found: set[Any] = set()
+
+    def _query_inside(self, target: Any, workload: Any) -> Any:
+        config = super()._query_inside(target, workload)
+        if config is not None:
+            self.found.add(workload)
+        return config
+
+
+def _agreeing(log: Path, tasks: Sequence[TunerTask], target: Target) -> list[tuple[TunerTask, str]]:
     """Of ``log``'s lines, each task's best valid one whose config computes what the
     template's fallback config computes (:mod:`.verify`)."""
     by_task: dict[str, list[tuple[float, tuple[str, Any]]]] = {}
@@ -580,7 +606,7 @@ def _agreeing(log: Path, tasks: Sequence[TunerTask], target: Target) -> list[str
         expected = results(_lowered(native, FallbackConfigEntity(), target), target)
         chosen = best_agreeing(task.name, candidates, expected, scheduled, target)
         if chosen is not None:
-            kept.append(chosen[0] + "\n")
+            kept.append((task, chosen[0] + "\n"))
     return kept
 
 

@@ -55,7 +55,7 @@ from .database import (
     workload_key,
 )
 from .functions import read_source, source_data
-from .untuned import covered_by, untuned_as_without, warn_unused
+from .untuned import covered_by, untuned_as_without, variants_of, warn_unused
 from .verify import CANDIDATES, best_agreeing, results, runs_here
 
 NAME = "meta_schedule"
@@ -564,7 +564,8 @@ def build(
     unchecked = [t for t in tasks if t not in kept]
     covered = covered_by(kept, [*others, *unchecked])
     asked = _Asked(memory)
-    with untuned_as_without("relay.backend.use_meta_schedule", covered):
+    variants = variants_of([*tasks, *others])
+    with untuned_as_without("relay.backend.use_meta_schedule", covered, variants):
         library = ms.relay_integration.compile_relay(asked, mod, target, params)
     warn_unused(kept, asked.applied, [*others, *unchecked])
     return library

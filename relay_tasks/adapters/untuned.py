@@ -26,7 +26,7 @@ imported (with relay_tasks), and is TVM's own outside such a build.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, NamedTuple
@@ -81,6 +81,30 @@ def signatures(funcs: Iterable[relay.Function]) -> frozenset[Signature]:
     return frozenset(found)
 
 
+#: For each op call signature of a model's functions, the types of its later arguments there.
+Variants = Mapping[Signature, frozenset[tuple[str, ...]]]
+
+
+def variants_of(tasks: Iterable[TunerTask]) -> Variants:
+    """The later arguments' types of every op call of the ``tasks``' functions, by signature:
+    a call of the build whose signature is one of them but whose weight has another type had
+    it rewritten for a record (Ansor's ``batch_matmul`` carries no attribute saying so)."""
+    found: dict[Signature, set[tuple[str, ...]]] = {}
+
+    def visit(node: Any) -> None:
+        if isinstance(node, relay.Call) and isinstance(node.op, tvm.ir.Op):
+            found.setdefault(signature(node), set()).add(_later_types(node))
+
+    for task in tasks:
+        if task.source is not None:
+            relay.analysis.post_order_visit(task.source.func, visit)
+    return {key: frozenset(types) for key, types in found.items()}
+
+
+def _later_types(call: relay.Call) -> tuple[str, ...]:
+    return tuple(_type_key(arg.checked_type) for arg in list(call.args)[1:])
+
+
 def covered_by(tuned: Iterable[TunerTask], others: Iterable[TunerTask]) -> frozenset[Signature]:
     """The calls of the ``tuned`` tasks' functions that no function of ``others`` has."""
 
@@ -101,16 +125,23 @@ def warn_unused(
     if not unused:
         return
     theirs = [(o.name, signatures([o.source.func])) for o in others if o.source is not None]
-    parts = []
+    parts, shared = [], False
     for task in unused:
         calls = signatures([task.source.func]) if task.source is not None else frozenset()
         sharers = [name for name, their in theirs if calls & their]
+        shared = shared or bool(sharers)
         parts.append(f"{task.name} (shares an op call with {', '.join(sharers)}, "
                      "which has none)" if sharers else task.name)  # fmt: skip
+    why = (
+        "A call shared with a task without records is lowered as that task needs it; tune the "
+        "sharers too"
+        if shared
+        else "The build never asked for their workloads: the model is not the one they were "
+        "extracted from, or TVM lowered their calls differently"
+    )
     warnings.warn(
         f"the build did not use the records of {len(unused)} tuned task(s), built with TVM's "
-        f"default schedules instead: {'; '.join(parts)}. A call shared with a task without "
-        "records is lowered as that task needs it; tune the sharers too",
+        f"default schedules instead: {'; '.join(parts)}. {why}",
         RelayTasksWarning,
         stacklevel=3,
     )
@@ -119,6 +150,7 @@ def warn_unused(
 class _Untuned(NamedTuple):
     setting: str
     covered: frozenset[Signature]
+    variants: Variants
 
 
 #: The build being made under :func:`untuned_as_without`, if any.
@@ -132,7 +164,7 @@ def _lower_call(call: relay.Call, inputs: Any, target: Any, otype: Any = None) -
     its untuned calls to be lowered without the tuner."""
     _CALLS[0] += 1
     current = _CURRENT.get()
-    if current is None or _rewritten_for_a_record(call) or signature(call) in current.covered:
+    if current is None or _rewritten_for_a_record(call) or _kept_for_the_tuner(call, current):
         return te_compiler.lower_call(call, inputs, target, otype)
     with _switched_off(current.setting):
         return te_compiler.lower_call(call, inputs, target, otype)
@@ -141,12 +173,25 @@ def _lower_call(call: relay.Call, inputs: Any, target: Any, otype: Any = None) -
 tvm.register_func("relay.backend.lower_call", _lower_call, override=True)
 
 
+def _kept_for_the_tuner(call: relay.Call, current: _Untuned) -> bool:
+    """A call a record covers, or one whose weight a record's layout rewrite changed (its
+    signature is the model's, its later arguments' types are not)."""
+    key = signature(call)
+    if key in current.covered:
+        return True
+    known = current.variants.get(key)
+    return known is not None and _later_types(call) not in known
+
+
 @contextmanager
-def untuned_as_without(setting: str, covered: frozenset[Signature]) -> Iterator[None]:
+def untuned_as_without(
+    setting: str, covered: frozenset[Signature], variants: Variants | None = None
+) -> Iterator[None]:
     """Inside, the compiler lowers each op call outside ``covered`` with the pass context's
-    ``setting`` (the tuner's switch) off."""
+    ``setting`` (the tuner's switch) off, unless its weight was rewritten for a record
+    (``variants``: the model's calls, :func:`variants_of`)."""
     calls = _CALLS[0]
-    token = _CURRENT.set(_Untuned(setting, covered))
+    token = _CURRENT.set(_Untuned(setting, covered, variants or {}))
     hook = topi.nn.dense_alter_layout
     topi.nn.dense_alter_layout = _dense_layout_as_without(hook, setting, covered)
     try:

@@ -122,17 +122,37 @@ def _identity_operand(call: relay.Call) -> bool:
     return any(_op_name(arg) in _FILLS or _scalar_value(arg) == want for arg in operands)
 
 
+def _noop_layout_transform(call: relay.Call) -> bool:
+    if _op_name(call) != "layout_transform":
+        return False
+    return str(call.attrs.src_layout) == str(call.attrs.dst_layout)
+
+
 def _noop_transpose(call: relay.Call) -> bool:
-    name = _op_name(call)
-    if name == "layout_transform":
-        return str(call.attrs.src_layout) == str(call.attrs.dst_layout)
-    if name == "transpose":
-        axes = call.attrs.axes
-        ndim = len(call.checked_type.shape)
-        if axes is None:
-            return ndim <= 1
-        return [int(a) % ndim for a in axes] == list(range(ndim))
-    return False
+    if _op_name(call) != "transpose":
+        return False
+    order = _transpose_order(call)
+    return order == list(range(len(order)))
+
+
+def _transpose_order(call: relay.Call) -> list[int]:
+    """Which input axis each output axis of a ``transpose`` call is (no axes: reversed)."""
+    axes = call.attrs.axes
+    ndim = len(call.checked_type.shape)
+    if axes is None:
+        return list(range(ndim))[::-1]
+    if len(axes) != ndim:
+        raise ValueError(f"a transpose of rank {ndim} with {len(axes)} axes")  # TVM's to judge
+    return [int(a) % ndim for a in axes]
+
+
+def _transpose_of_layout_transform(call: relay.Call) -> bool:
+    """A transpose pair in which a ``layout_transform`` takes part (TVM's pass merges those)."""
+    return (
+        _op_name(call) in _TRANSPOSES
+        and _op_name(_args(call)[0]) in _TRANSPOSES
+        and ("layout_transform" in (_op_name(call), _op_name(_args(call)[0])))
+    )
 
 
 def _same_cast(call: relay.Call) -> bool:
@@ -216,6 +236,9 @@ _CLIP_SCREEN = Screen("SimplifyClip", frozenset({"clip"}), _clip_covers_dtype)
 _ADJACENT_SCREEN = Screen(
     "SimplifyAdjacentMultiplyOrAdd", _ADD_OR_MULTIPLY, _adjacent_multiply_or_add
 )
+_TRANSPOSE, _LAYOUT = frozenset({"transpose"}), frozenset({"layout_transform"})
+_TRANSPOSE_SCREEN = Screen("SimplifyTranspose", _TRANSPOSE, _consecutive(_TRANSPOSE, _TRANSPOSE))
+_NOOP_TRANSPOSE_SCREEN = Screen("SimplifyNoOpTranspose", _TRANSPOSE, _noop_transpose)
 
 #: One screen per rewrite of upstream's SimplifyExpr.
 SIMPLIFY_EXPR_SCREENS: tuple[Screen, ...] = (
@@ -223,8 +246,10 @@ SIMPLIFY_EXPR_SCREENS: tuple[Screen, ...] = (
     Screen("SimplifyAdd", _ADD, _add_self),
     _IDENTITY_SCREEN,
     _RESHAPE_SCREEN,
-    Screen("SimplifyTranspose", _TRANSPOSES, _consecutive(_TRANSPOSES, _TRANSPOSES)),
-    Screen("SimplifyNoOpTranspose", _TRANSPOSES, _noop_transpose),
+    _TRANSPOSE_SCREEN,
+    Screen("SimplifyTranspose (layout_transform)", _TRANSPOSES, _transpose_of_layout_transform),
+    _NOOP_TRANSPOSE_SCREEN,
+    Screen("SimplifyNoOpTranspose (layout_transform)", _LAYOUT, _noop_layout_transform),
     _SAME_CAST_SCREEN,
     _CAST_CAST_SCREEN,
     Screen("SwitchAddMultiply", _MULTIPLY, _switch_add_multiply),
@@ -457,7 +482,8 @@ def _own_rewrites(calls: list[relay.Call], screens: tuple[Screen, ...]) -> list[
                 if screen.rewrite not in _OWN_REWRITES:
                     return None
                 fired.add(screen.rewrite)
-    return [_OWN_REWRITES[s.rewrite]() for s in screens if s.rewrite in fired]
+    factories = dict.fromkeys(_OWN_REWRITES[s.rewrite] for s in screens if s.rewrite in fired)
+    return [factory() for factory in factories]
 
 
 class _ReshapePair(DFPatternCallback):  # type: ignore[misc]
@@ -482,6 +508,41 @@ class _ReshapePair(DFPatternCallback):  # type: ignore[misc]
             return post
         attrs = tvm.ir.make_node("relay.attrs.ReshapeAttrs", newshape=dims, allowzero=False)
         return _replacing(self, pre, tvm.ir.Op.get("reshape"), [node_map[self.x][0]], attrs)
+
+
+class _TransposePair(DFPatternCallback):  # type: ignore[misc]
+    """TVM's ``SimplifyTranspose`` and ``SimplifyNoOpTranspose`` rewrites where only ``transpose``
+    calls take part: a transpose of a transpose becomes one transpose of the inner input, its
+    axes the two orders composed, and a transpose that keeps every axis where it is becomes
+    its input (which the pass reaches in two steps: the merged transpose, then its removal)."""
+
+    def __init__(self) -> None:
+        super().__init__(require_type=False)
+        self.replaced: list[tuple[relay.Expr, relay.Expr]] = []
+        self.x = wildcard()
+        inner = is_op("transpose")(self.x)
+        self.pattern = is_op("transpose")(inner) | is_op("transpose")(self.x)
+
+    def callback(self, pre: relay.Call, post: relay.Call, node_map: Any) -> relay.Expr:
+        try:
+            outer = _transpose_order(pre)
+            inner = pre.args[0]
+            pair = _op_name(inner) == "transpose"
+            order = [_transpose_order(inner)[axis] for axis in outer] if pair else outer
+        except ValueError:  # a transpose made here: merged next round, once typed
+            return post
+        x = node_map[self.x][0]
+        if order == list(range(len(order))):
+            self.replaced.append((pre, x))
+            return x
+        if not pair:
+            return post
+        return _replacing(self, pre, pre.op, [x], _transpose_attrs(order))
+
+
+def _transpose_attrs(order: list[int]) -> Any:
+    """A ``transpose``'s attributes as ``MakeTranspose`` builds them."""
+    return relay.transpose(relay.var("x", shape=[1] * len(order)), order).attrs
 
 
 class _AdjacentConstants(DFPatternCallback):  # type: ignore[misc]
@@ -552,7 +613,7 @@ def _kept_types(replaced: list[tuple[relay.Expr, relay.Expr]]) -> bool:
     and each relation sees the same argument types), and is skipped (10 ms of the ONNX BERT's
     simplification, 13 ms of GPT-2's)."""
     for old, new in replaced:
-        if len(new.type_args) != len(new.args):
+        if isinstance(new, relay.Call) and len(new.type_args) != len(new.args):
             return False
         if not tvm.ir.structural_equal(new.checked_type, old.checked_type):
             return False
@@ -567,6 +628,8 @@ def _kept_types(replaced: list[tuple[relay.Expr, relay.Expr]]) -> bool:
 _OWN_REWRITES: dict[str, Callable[[], Any]] = {
     _RESHAPE_SCREEN.rewrite: _ReshapePair,
     _ADJACENT_SCREEN.rewrite: _AdjacentConstants,
+    _TRANSPOSE_SCREEN.rewrite: _TransposePair,
+    _NOOP_TRANSPOSE_SCREEN.rewrite: _TransposePair,
 }
 
 

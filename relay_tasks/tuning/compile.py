@@ -15,10 +15,10 @@ from typing import Any
 import numpy as np
 
 from ..adapters import Adapter, TunerTask, get_adapter
-from ..adapters.verify import seeded_values
+from ..adapters.verify import runs_here, seeded_values
 from ..errors import ModelError, TuningError, UsageError, describe_failure
-from .defaults import read_defaults, stale_defaults
-from .records import standing
+from .defaults import read_defaults, record_seconds, stale_defaults
+from .records import TaskRecord, standing
 from .tune import tuned_for
 
 
@@ -67,11 +67,23 @@ def plan(mod: Any, params: Any, work_dir: str | Path) -> Plan:
     now = standing(tasks, adapter.measurements(Path(work_dir)), read_defaults(Path(work_dir)))
     adapter.check(tasks, Path(work_dir))
     built = {r.task.alternatives_of for r in now.chosen}  # where a record beats the default
+    if runs_here(tuned.target):
+        lost = [r for r in now.chosen if _slower_alike(adapter, r, tuned.target, work_dir)]
+        built -= {r.task.alternatives_of for r in lost}
     measured = [r.task for r in now.tasks if r.best is not None]
     slower = [t for t in measured if t.alternatives_of not in built]
     old = stale_defaults(Path(work_dir))
     stale = [t for t in measured if t.alternatives_of in old]
     return Plan(adapter, tuned.target, tasks, measured, slower, stale)
+
+
+def _slower_alike(adapter: Adapter, row: TaskRecord, target: Any, work_dir: str | Path) -> bool:
+    """Whether the task's records, timed here as its default was (:func:`record_seconds`),
+    lose to the default after all."""
+    if row.default is None:
+        return False
+    seconds = record_seconds(adapter, row.task, target, Path(work_dir))
+    return seconds is not None and seconds > row.default
 
 
 def build(mod: Any, params: Any, work_dir: str | Path, chosen: Plan | None = None) -> Any:

@@ -1,4 +1,5 @@
-"""MetaSchedule's and Ansor's builds lower what no record covers with TOPI's implementations."""
+"""MetaSchedule's and Ansor's builds lower what no record covers with TOPI's implementations; every
+tuner's build names the tuned tasks whose records it did not use."""
 
 from __future__ import annotations
 
@@ -195,3 +196,54 @@ def test_records_a_build_could_not_use_are_named_with_the_task_sharing_their_cal
     with warnings.catch_warnings():  # (a record passed over as wrong is another warning)
         warnings.filterwarnings("error", "the build did not use", RelayTasksWarning)
         adapter.build(mod, target, {}, tmp_path, [short, long])
+
+
+@pytest.mark.xdist_group("tuning")
+@pytest.mark.parametrize("tuner", ["ansor", "autotvm", "meta_schedule"])
+def test_records_of_workloads_the_build_never_asks_for_are_named(
+    tuner: str, tmp_path: Path
+) -> None:
+    """A dense tuned at batch 8, built into a model whose dense is at batch 4: no lookup of
+    the build finds the record, and the build says which task's records went unused."""
+    from relay_tasks import RelayTasksWarning
+
+    def dense(batch: int) -> tvm.IRModule:
+        x, w = relay.var("x", shape=(batch, 32)), relay.var("w", shape=(16, 32))
+        return tvm.IRModule.from_expr(relay.Function([x, w], relay.nn.dense(x, w)))
+
+    target, adapter = host_target(), get_adapter(tuner)
+    tasks = adapter.extract(dense(8), target, {})
+    tune_until(adapter, tasks, target, 2, tmp_path, Runner())
+    with pytest.warns(RelayTasksWarning, match="did not use the records of") as caught:
+        adapter.build(dense(4), target, {}, tmp_path, tasks)
+    message = str(next(w.message for w in caught if "did not use" in str(w.message)))
+    assert "never asked for their workloads" in message
+    tuned = {m.key for m in adapter.measurements(tmp_path) if m.valid}
+    names = [task.name for task in tasks if task.key in tuned]
+    assert names and all(name in message for name in names)
+
+
+@pytest.mark.xdist_group("tuning")
+def test_a_call_whose_weight_a_record_rewrote_keeps_the_tuners_lowering(tmp_path: Path) -> None:
+    """Two batch_matmuls of one signature, one in a tuned function: Ansor's layout rewrite
+    gives the tuned one's second operand another layout (and its call no attribute saying so),
+    so that call is lowered the tuner's way though the untuned function shares its signature;
+    TOPI's batch_matmul would have failed on the rewritten operand ("too many values to
+    unpack", BERT-2's Ansor build at 128 measurements)."""
+    from relay_tasks.tuning.compile import random_inputs, run
+
+    x, y, z = (relay.var(name, shape=(2, 16, 16)) for name in "xyz")
+    scores = relay.nn.softmax(relay.nn.batch_matmul(x, y) * relay.const(0.25))
+    mod = tvm.IRModule.from_expr(relay.Function([x, y, z], relay.nn.batch_matmul(scores, z)))
+    target, adapter = host_target(), get_adapter("ansor")
+    tasks = adapter.extract(mod, target, {})
+    (scaled,) = [t for t in tasks if "multiply" in t.name]
+    tune_until(adapter, [scaled], target, 2, tmp_path, Runner())
+    library = adapter.build(mod, target, {}, tmp_path, [scaled], [t for t in tasks if t != scaled])
+    inputs = random_inputs(mod, {})
+    b = inputs["x"] @ inputs["y"].transpose(0, 2, 1) * 0.25
+    e = np.exp(b - b.max(axis=-1, keepdims=True))
+    expected = (e / e.sum(axis=-1, keepdims=True)) @ inputs["z"].transpose(0, 2, 1)
+    np.testing.assert_allclose(
+        run(library, inputs, repeat=1).outputs[0], expected, rtol=1e-4, atol=1e-5
+    )

@@ -82,6 +82,58 @@ def test_records_slower_than_the_default_schedule_are_not_built(
     assert ("slower than TVM's default schedule (built with it): " in err) == (default < 1)
 
 
+@pytest.mark.parametrize("tuner", ["meta_schedule", "ansor"])
+def test_a_record_slower_than_the_default_timed_alike_is_not_built(
+    tuner, tuned, tiny, tmp_path, monkeypatch
+) -> None:
+    """The tuner measured its records on data of its own; compile times each record it would
+    apply as the default was timed (:func:`record_seconds`) and builds the default where the
+    record loses there. The default here made 1000 s, which every record beats as measured;
+    timed alike, the record made to take 10000 s, then 1 ps."""
+    import json
+    import shutil
+
+    from relay_tasks.tuning.defaults import DEFAULTS_FILE
+
+    mod, weights = load_model(tiny[0], params=tiny[1])
+    work = tmp_path / "work"
+    shutil.copytree(tuned[tuner], work)
+    groups = {t.alternatives_of for t in building.plan(mod, weights, work).tasks}
+    lines = [json.dumps({"task": key, "seconds": 1e3, "version": 2}) + "\n" for key in groups]
+    (work / DEFAULTS_FILE).write_text("".join(lines))
+    timed: list[str] = []
+
+    def seconds(adapter, task, target, work_dir) -> float:
+        timed.append(task.key)
+        return taken
+
+    monkeypatch.setattr(building, "record_seconds", seconds)
+    taken = 1e4
+    chosen = building.plan(mod, weights, work)
+    assert timed == [t.key for t in chosen.tasks]  # each task with records, once
+    assert chosen.slower == chosen.tasks and chosen.applied == []
+    taken = 1e-12
+    assert [t.key for t in building.plan(mod, weights, work).applied] == timed[:1]
+
+
+def test_a_records_time_alike_is_its_build_timed_as_the_default_is(tuned, tiny) -> None:
+    """record_seconds builds the task alone with its records (the build uses them: no
+    warning) and times it; a task whose records the build cannot use has no such time."""
+    from dataclasses import replace
+
+    from relay_tasks.tuning.defaults import record_seconds
+
+    mod, weights = load_model(tiny[0], params=tiny[1])
+    chosen = building.plan(mod, weights, tuned["meta_schedule"])
+    (task,) = chosen.tasks
+    assert 0 < record_seconds(chosen.adapter, task, chosen.target, tuned["meta_schedule"]) < 1
+    x, v = relay.var("data", shape=(1, 32)), relay.var("v", shape=(8, 32))
+    other = tvm.IRModule.from_expr(relay.Function([x, v], relay.nn.dense(x, v)))
+    (their,) = chosen.adapter.extract(other, chosen.target, {})
+    moved = replace(task, source=their.source)  # its records, another function
+    assert record_seconds(chosen.adapter, moved, chosen.target, tuned["meta_schedule"]) is None
+
+
 def test_a_tasks_default_is_what_its_tuners_build_gives_it_without_records(tiny, tmp_path):
     """The default is measured on the tuner's own build with no records (under MetaSchedule
     TOPI's dense there, not the naive one left for the tuner: relay_tasks/adapters/untuned.py),
