@@ -271,7 +271,9 @@ def _upstream_build(tuner: str, mod: Any, target: Any) -> Any:
         from tvm import meta_schedule as ms
 
         ms_target = tvm.target.Target(f"{target} -num-cores {os.cpu_count()}")
-        return ms.relay_integration.compile_relay(ms.database.MemoryDatabase(), mod, ms_target)
+        return ms.relay_integration.compile_relay(
+            ms.database.MemoryDatabase(), mod, ms_target, None
+        )
     config = {"relay.backend.use_auto_scheduler": True} if tuner == "ansor" else {}
     with tvm.transform.PassContext(opt_level=3, config=config):
         return relay.build(mod, target=target)
