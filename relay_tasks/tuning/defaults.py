@@ -6,8 +6,9 @@ transposed convolution took 60-90 ms where the default takes 13): a model built 
 records is slower than untuned. So before tuning on this machine, the worker measures each
 task's primitive function built alone as the tuner's build builds a task it has no record
 of, once per work dir, and ``compile`` applies a task's records only where their best beats
-that. That default is the tuner's own build's, TOPI's schedule for every tuner: under
-MetaSchedule and Ansor many x86 strategies (dense, batch_matmul, matmul, conv3d) pick an
+that, as the tuner measured it and as timed here the same way (:func:`record_seconds`).
+That default is the tuner's own build's, TOPI's schedule for every tuner: under MetaSchedule
+and Ansor many x86 strategies (dense, batch_matmul, matmul, conv3d) pick an
 implementation with TVM's naive schedule, left for the tuner (BERT-2's dense layers: 15 ms of
 a model TOPI runs in 3.7), and the adapters' builds lower what no record covers as the build
 without the tuner does (:mod:`relay_tasks.adapters.untuned`), with the weights as constants.
