@@ -94,12 +94,7 @@ def measure_defaults(
         if key in known or key in done or task.source is None:
             continue
         done.add(key)
-        seconds = default_seconds(
-            task.source.func,
-            target,
-            lambda mod: adapter.build(mod, target, None, work_dir, []),
-            weights=weight_params(task.source.func, task.source.lowered),
-        )
+        seconds = _alone(adapter, task, target, work_dir, [])
         if seconds is not None:
             append(
                 work_dir,
@@ -127,15 +122,24 @@ def record_seconds(adapter: Adapter, task: TunerTask, target: Any, work_dir: Pat
         return None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")  # the model's build says all there is to say
-        seconds = default_seconds(
-            task.source.func,
-            target,
-            lambda mod: adapter.build(mod, target, None, work_dir, [task]),
-            weights=weight_params(task.source.func, task.source.lowered),
-        )
+        seconds = _alone(adapter, task, target, work_dir, [task])
     if any("did not use the records" in str(w.message) for w in caught):
         return None
     return seconds
+
+
+def _alone(
+    adapter: Adapter, task: TunerTask, target: Any, work_dir: Path, records: list[TunerTask]
+) -> float | None:
+    """``task``'s function (it has a source) built alone by ``adapter`` with the records of
+    ``records`` applied, its weights constants, and timed (:func:`default_seconds`)."""
+    assert task.source is not None
+    return default_seconds(
+        task.source.func,
+        target,
+        lambda mod: adapter.build(mod, target, None, work_dir, records),
+        weights=weight_params(task.source.func, task.source.lowered),
+    )
 
 
 def weight_params(func: Any, lowered: Any) -> frozenset[int]:
