@@ -80,9 +80,9 @@ def plan(mod: Any, params: Any, work_dir: str | Path) -> Plan:
 def _slower_alike(adapter: Adapter, row: TaskRecord, target: Any, work_dir: str | Path) -> bool:
     """Whether the task's records, timed here as its default was (:func:`record_seconds`),
     lose to the default after all."""
-    if row.default is None:
+    if row.default is None or row.best is None:
         return False
-    seconds = record_seconds(adapter, row.task, target, Path(work_dir))
+    seconds = record_seconds(adapter, row.task, target, Path(work_dir), row.best)
     return seconds is not None and seconds > row.default
 
 

@@ -17,7 +17,10 @@ The latencies are kept in ``defaults.jsonl``, ``{"task": key, "seconds": s, "ver
 line, read back through :func:`read_defaults`'s allowlist. Lines without a version were
 measured by relay-tasks before 2026-12 (the naive schedules, or the weights as inputs, which
 TOPI's dense repacks on every run): the next ``tune`` measures those tasks again, and until
-then they stand in, each named by :func:`stale_defaults`.
+then they stand in, each named by :func:`stale_defaults`. A record timed alike is kept there
+too, ``{"task": key, "best": b, "seconds": s, "version": 2}``, ``b`` the best latency its tuner
+measured for the task: a compile times a record once, and a work dir builds the same model
+the same way each time (where a record and the default are close, two timings disagree).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import json
 import math
 import re
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +39,7 @@ from ..adapters import Adapter, TunerTask
 from ..adapters.base import damaged, record_lines
 from ..adapters.journal import append
 from ..adapters.verify import seeded_values
+from ..errors import TuningError
 
 #: The file, in the work dir.
 DEFAULTS_FILE = "defaults.jsonl"
@@ -50,36 +55,52 @@ def read_defaults(work_dir: Path) -> dict[str, float]:
     """Each task's default latency (seconds) by its key (the ``alternatives_of`` of its
     tuner's tasks: alternatives of one function share one default), measured as now where
     the work dir has that, else as before (:func:`stale_defaults`)."""
-    current, stale = _read(work_dir)
-    return {**stale, **current}
+    kept = _read(work_dir)
+    return {**kept.stale, **kept.current}
 
 
 def stale_defaults(work_dir: Path) -> set[str]:
     """The keys whose default latency was measured only by an older relay-tasks."""
-    current, stale = _read(work_dir)
-    return set(stale) - set(current)
+    kept = _read(work_dir)
+    return set(kept.stale) - set(kept.current)
 
 
-def _read(work_dir: Path) -> tuple[dict[str, float], dict[str, float]]:
-    """The defaults measured as now, and those measured before; a line that is not exactly a
-    key, a finite positive number of seconds and this version (or none) is a damaged record."""
+@dataclass(frozen=True)
+class _Kept:
+    current: dict[str, float]  # defaults, measured as now
+    stale: dict[str, float]  # defaults, measured before
+    alike: dict[tuple[str, float], float]  # a task's best record, timed as its default
+
+
+def _read(work_dir: Path) -> _Kept:
+    """What ``defaults.jsonl`` holds; a line that is not exactly a key, a finite positive
+    number of seconds and this version (or none), and for a record timed alike its finite
+    positive best as measured, is a damaged record."""
     path = work_dir / DEFAULTS_FILE
-    current: dict[str, float] = {}
-    stale: dict[str, float] = {}
+    kept = _Kept({}, {}, {})
     for number, line in record_lines(path):
         entry = json.loads(line)
-        key = entry.get("task") if isinstance(entry, dict) else None
-        seconds = entry.get("seconds") if isinstance(entry, dict) else None
-        if (not isinstance(entry, dict) or set(entry) - {"version"} != {"task", "seconds"}
-                or entry.get("version", VERSION) != VERSION
-                or not isinstance(key, str) or not KEY.match(key)
-                or isinstance(seconds, bool) or not isinstance(seconds, (int, float))
-                or not math.isfinite(seconds) or seconds <= 0):  # fmt: skip
+        fields = set(entry) if isinstance(entry, dict) else set()
+        if not (fields in ({"task", "seconds"}, {"task", "seconds", "version"},
+                           {"task", "best", "seconds", "version"})
+                and entry.get("version", VERSION) == VERSION
+                and isinstance(entry["task"], str) and KEY.match(entry["task"])
+                and _positive(entry["seconds"]) and _positive(entry.get("best", 1))):  # fmt: skip
             raise damaged(
                 path, number, f"a default latency is a task key, seconds and version {VERSION}"
             )
-        (current if "version" in entry else stale)[key] = float(seconds)
-    return current, stale
+        key, seconds = entry["task"], float(entry["seconds"])
+        if "best" in entry:
+            kept.alike[key, float(entry["best"])] = seconds
+        else:
+            (kept.current if "version" in entry else kept.stale)[key] = seconds
+    return kept
+
+
+def _positive(value: Any) -> bool:
+    """A finite positive number (not a bool, which JSON's reader gives for true)."""
+    return (not isinstance(value, bool) and isinstance(value, (int, float))
+            and math.isfinite(value) and value > 0)  # fmt: skip
 
 
 def measure_defaults(
@@ -87,7 +108,7 @@ def measure_defaults(
 ) -> None:
     """Measure, on this machine, the default latency of each task the work dir has none for,
     each built by ``adapter``'s build with no records."""
-    known, _ = _read(work_dir)
+    known = _read(work_dir).current
     done: set[str] = set()
     for task in tasks:
         key = task.alternatives_of
@@ -107,9 +128,13 @@ def measure_defaults(
             )
 
 
-def record_seconds(adapter: Adapter, task: TunerTask, target: Any, work_dir: Path) -> float | None:
+def record_seconds(
+    adapter: Adapter, task: TunerTask, target: Any, work_dir: Path, best: float
+) -> float | None:
     """The task's primitive function built alone with its records, timed as its default is
     (:func:`default_seconds`); None where it cannot be, or the build used no record of it.
+    ``best`` is the best latency its tuner measured: the time is kept in the work dir for
+    that best, and read back while it stands (a work dir one cannot write is timed anew).
 
     A tuner times its candidates on data of its own (MetaSchedule's and Ansor's runners fill
     the arguments at random, each its own way), the default here on seeded normal values; where
@@ -120,11 +145,19 @@ def record_seconds(adapter: Adapter, task: TunerTask, target: Any, work_dir: Pat
 
     if task.source is None:
         return None
+    kept = _read(work_dir).alike.get((task.key, best))
+    if kept is not None:
+        return kept
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")  # the model's build says all there is to say
         seconds = _alone(adapter, task, target, work_dir, [task])
-    if any("did not use the records" in str(w.message) for w in caught):
+    if seconds is None or any("did not use the records" in str(w.message) for w in caught):
         return None
+    line = {"task": task.key, "best": best, "seconds": seconds, "version": VERSION}
+    try:
+        append(work_dir, [(DEFAULTS_FILE, [json.dumps(line)])])
+    except (TuningError, OSError):  # a work dir to read, not to write: compile all the same
+        pass
     return seconds
 
 

@@ -103,7 +103,7 @@ def test_a_record_slower_than_the_default_timed_alike_is_not_built(
     (work / DEFAULTS_FILE).write_text("".join(lines))
     timed: list[str] = []
 
-    def seconds(adapter, task, target, work_dir) -> float:
+    def seconds(adapter, task, target, work_dir, best) -> float:
         timed.append(task.key)
         return taken
 
@@ -116,22 +116,52 @@ def test_a_record_slower_than_the_default_timed_alike_is_not_built(
     assert [t.key for t in building.plan(mod, weights, work).applied] == timed[:1]
 
 
-def test_a_records_time_alike_is_its_build_timed_as_the_default_is(tuned, tiny) -> None:
+def test_a_records_time_alike_is_its_build_timed_as_the_default_is(tuned, tiny, tmp_path):
     """record_seconds builds the task alone with its records (the build uses them: no
     warning) and times it; a task whose records the build cannot use has no such time."""
+    import shutil
     from dataclasses import replace
 
     from relay_tasks.tuning.defaults import record_seconds
 
     mod, weights = load_model(tiny[0], params=tiny[1])
-    chosen = building.plan(mod, weights, tuned["meta_schedule"])
+    work = tmp_path / "work"
+    shutil.copytree(tuned["meta_schedule"], work)
+    chosen = building.plan(mod, weights, work)
     (task,) = chosen.tasks
-    assert 0 < record_seconds(chosen.adapter, task, chosen.target, tuned["meta_schedule"]) < 1
+    assert 0 < record_seconds(chosen.adapter, task, chosen.target, work, 1e-3) < 1
     x, v = relay.var("data", shape=(1, 32)), relay.var("v", shape=(8, 32))
     other = tvm.IRModule.from_expr(relay.Function([x, v], relay.nn.dense(x, v)))
     (their,) = chosen.adapter.extract(other, chosen.target, {})
     moved = replace(task, source=their.source)  # its records, another function
-    assert record_seconds(chosen.adapter, moved, chosen.target, tuned["meta_schedule"]) is None
+    assert record_seconds(chosen.adapter, moved, chosen.target, work, 2e-3) is None
+
+
+def test_a_record_is_timed_alike_once_while_it_is_the_best(tuned, tiny, tmp_path, monkeypatch):
+    """The time is kept in the work dir for the best the tuner measured: the next plan
+    reads it (two timings of a record close to the default disagree, and a work dir builds
+    a model one way); a new best is timed anew, and a line naming it is read back exactly."""
+    import json
+    import shutil
+
+    from relay_tasks.tuning import defaults
+    from relay_tasks.tuning.defaults import DEFAULTS_FILE, read_defaults, record_seconds
+
+    mod, weights = load_model(tiny[0], params=tiny[1])
+    work = tmp_path / "work"
+    shutil.copytree(tuned["meta_schedule"], work)
+    before = read_defaults(work)
+    first = building.plan(mod, weights, work)
+    (task,) = first.tasks
+    timed: list[list[object]] = []
+    monkeypatch.setattr(defaults, "_alone", lambda *args: timed.append(list(args)) or 5.0)
+    assert building.plan(mod, weights, work).describe() == first.describe()
+    assert timed == [] and read_defaults(work) == before  # the kept time is not a default
+    adapter, target = first.adapter, first.target
+    assert record_seconds(adapter, task, target, work, 1.25e-3) == 5.0 and len(timed) == 1
+    assert record_seconds(adapter, task, target, work, 1.25e-3) == 5.0 and len(timed) == 1
+    last = json.loads((work / DEFAULTS_FILE).read_text().splitlines()[-1])
+    assert last == {"task": task.key, "best": 1.25e-3, "seconds": 5.0, "version": 2}
 
 
 def test_a_tasks_default_is_what_its_tuners_build_gives_it_without_records(tiny, tmp_path):
@@ -165,7 +195,10 @@ def test_a_tasks_default_is_what_its_tuners_build_gives_it_without_records(tiny,
     ['{"task": "ab12", "seconds": -1}', '{"task": "../x", "seconds": 1}',
      '{"task": "ab12", "seconds": 1, "code": "x"}', '{"task": "ab12", "seconds": NaN}',
      '["ab12", 1]', '{"task": "ab12", "seconds": true}',
-     '{"task": "ab12", "seconds": 1, "version": 3}', '{"task": "ab12", "seconds": 1, "version": "2"}'],
+     '{"task": "ab12", "seconds": 1, "version": 3}', '{"task": "ab12", "seconds": 1, "version": "2"}',
+     '{"task": "ab12", "best": 1, "seconds": 1}', '{"task": "ab12", "best": 0, "seconds": 1, "version": 2}',
+     '{"task": "ab12", "best": "1", "seconds": 1, "version": 2}', '{"task": 1, "seconds": 1}',
+     '{"seconds": 1}'],
 )  # fmt: skip
 def test_a_default_latency_is_a_key_and_seconds_or_a_damaged_record(line, tmp_path) -> None:
     from relay_tasks.errors import ModelError
