@@ -25,6 +25,7 @@ the same way each time (where a record and the default are close, two timings di
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
@@ -37,7 +38,7 @@ import numpy as np
 
 from ..adapters import Adapter, TunerTask
 from ..adapters.base import damaged, record_lines
-from ..adapters.journal import append
+from ..adapters.journal import append, locked, write_locked
 from ..adapters.verify import seeded_values
 from ..errors import TuningError
 
@@ -108,24 +109,17 @@ def measure_defaults(
 ) -> None:
     """Measure, on this machine, the default latency of each task the work dir has none for,
     each built by ``adapter``'s build with no records."""
-    known = _read(work_dir).current
     done: set[str] = set()
     for task in tasks:
         key = task.alternatives_of
-        if key in known or key in done or task.source is None:
-            continue
+        if key in done or task.source is None or key in _read(work_dir).current:
+            continue  # read each time: a tune beside this one measures them too
         done.add(key)
         seconds = _alone(adapter, task, target, work_dir, [])
-        if seconds is not None:
-            append(
-                work_dir,
-                [
-                    (
-                        DEFAULTS_FILE,
-                        [json.dumps({"task": key, "seconds": seconds, "version": VERSION})],
-                    )
-                ],
-            )
+        line = json.dumps({"task": key, "seconds": seconds, "version": VERSION})
+        with locked(work_dir):  # a tune beside this one may have measured it meanwhile
+            if seconds is not None and key not in _read(work_dir).current:
+                write_locked(work_dir, [(DEFAULTS_FILE, [line])])
 
 
 def record_seconds(
@@ -154,10 +148,8 @@ def record_seconds(
     if seconds is None or any("did not use the records" in str(w.message) for w in caught):
         return None
     line = {"task": task.key, "best": best, "seconds": seconds, "version": VERSION}
-    try:
+    with contextlib.suppress(TuningError, OSError):  # a work dir to read only: compile all the same
         append(work_dir, [(DEFAULTS_FILE, [json.dumps(line)])])
-    except (TuningError, OSError):  # a work dir to read, not to write: compile all the same
-        pass
     return seconds
 
 

@@ -190,6 +190,34 @@ def test_a_tasks_default_is_what_its_tuners_build_gives_it_without_records(tiny,
     assert weight_params(tasks[0].source.func, tasks[0].source.lowered) == {1}  # dense's weight
 
 
+def test_a_default_a_tune_beside_measured_meanwhile_is_kept_once(tiny, tmp_path, monkeypatch):
+    """Two tunes of one work dir measure the defaults at once: the one that ends second
+    keeps the first one's line (read under the lock), and skips what it already finds."""
+    import json
+
+    import relay_tasks
+    from relay_tasks.adapters import get_adapter
+    from relay_tasks.tuning import defaults
+
+    adapter, target = get_adapter("meta_schedule"), relay_tasks.host_target()
+    mod, params = load_model(tiny[0], params=tiny[1])
+    tasks = adapter.extract(mod, target, params)
+    (key,) = {t.alternatives_of for t in tasks}
+    beside = json.dumps({"task": key, "seconds": 0.25, "version": 2}) + "\n"
+    measured: list[str] = []
+
+    def alone(adapter, task, target, work_dir, records) -> float:
+        measured.append(task.key)
+        (work_dir / defaults.DEFAULTS_FILE).write_text(beside)  # the other tune ends first
+        return 0.5
+
+    monkeypatch.setattr(defaults, "_alone", alone)
+    defaults.measure_defaults(adapter, tasks, target, tmp_path)
+    assert (tmp_path / defaults.DEFAULTS_FILE).read_text() == beside and len(measured) == 1
+    defaults.measure_defaults(adapter, tasks, target, tmp_path)
+    assert len(measured) == 1
+
+
 @pytest.mark.parametrize(
     "line",
     ['{"task": "ab12", "seconds": -1}', '{"task": "../x", "seconds": 1}',
