@@ -603,17 +603,48 @@ def _agreeing(log: Path, tasks: Sequence[TunerTask], target: Target) -> list[tup
         def scheduled(record: tuple[str, Any], native: Any = native) -> tvm.IRModule:
             return _lowered(native, record[1], target)
 
-        expected = results(_lowered(native, FallbackConfigEntity(), target), target)
+        expected = _expected(native, target)
         chosen = best_agreeing(task.name, candidates, expected, scheduled, target)
         if chosen is not None:
             kept.append((task, chosen[0] + "\n"))
     return kept
 
 
-def _lowered(task: autotvm.task.Task, config: Any, target: Target) -> tvm.IRModule:
-    """The template of ``task`` under ``config``, lowered to a TIR module of one ``main``."""
+def _expected(native: autotvm.task.Task, target: Target) -> Callable[[Any], Any]:
+    """What a record's schedule must leave: the fallback config's results where its buffers
+    are the record's, else (a config choosing the layouts, as ``conv2d_NCHWc``'s channel
+    blocks, which shape the buffers) those of the template's compute under the record's
+    config with TVM's plain loop nest; each computed once."""
+    fallback = _lowered(native, FallbackConfigEntity(), target)
+    kept: dict[int, Any] = {}
+
+    def expected(record: tuple[str, Any]) -> Any:
+        plain = _lowered(native, record[1], target, plain=True)
+        reference = fallback if _buffer_shapes(plain) == _buffer_shapes(fallback) else plain
+        digest = tvm.ir.structural_hash(reference)
+        if digest not in kept:
+            kept[digest] = results(reference, target)
+        return kept[digest]
+
+    return expected
+
+
+def _buffer_shapes(mod: tvm.IRModule) -> list[list[int]]:
+    func = mod["main"]
+    return [[int(d) for d in func.buffer_map[p].shape] for p in func.params]
+
+
+def _lowered(
+    task: autotvm.task.Task, config: Any, target: Target, *, plain: bool = False
+) -> tvm.IRModule:
+    """The template of ``task`` under ``config``, lowered to a TIR module of one ``main``
+    (``plain``: its compute only, with TVM's default loop nest instead of its schedule)."""
+    from tvm import te
+
     with target:
         schedule, args = task.instantiate(config)
+        if plain:
+            schedule = te.create_schedule(list(schedule.outputs))
     return tvm.lower(schedule, args, name="main")
 
 

@@ -126,21 +126,24 @@ def warn_wrong_records(task: str, passed: int, replaced: bool) -> None:
 def best_agreeing(
     name: str,
     candidates: Sequence[tuple[float, Any]],
-    expected: list[np.ndarray[Any, Any]] | None,
+    expected: list[np.ndarray[Any, Any]] | Callable[[Any], Any] | None,
     schedule: Callable[[Any], tvm.IRModule],
     target: Any,
 ) -> Any:
     """Of task ``name``'s ``candidates`` ((seconds, record) pairs), the fastest whose
     ``schedule`` (the record applied, as a TIR module) leaves the ``expected`` results, among
-    the best :data:`CANDIDATES`; None if none does. Passing some over is warned about."""
+    the best :data:`CANDIDATES`; None if none does. Passing some over is warned about.
+    ``expected`` may also be a function of the record giving those results: where a record's
+    config chooses the layouts of the buffers (AutoTVM's ``conv2d_NCHWc``), each has its own."""
     best = [record for _, record in sorted(candidates, key=lambda c: c[0])[:CANDIDATES]]
 
     def agrees(record: Any) -> bool:
         try:
             scheduled = schedule(record)
+            wanted = expected(record) if callable(expected) else expected
         except tvm.TVMError:  # a record this compute cannot take
             return False
-        return agrees_with(expected, scheduled, target)
+        return agrees_with(wanted, scheduled, target)
 
     chosen, passed = first_agreeing(best, agrees)
     if passed:

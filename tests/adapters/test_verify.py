@@ -122,3 +122,58 @@ def test_an_ansor_state_measured_valid_that_computes_nan_is_not_built(tmp_path: 
     graph.set_input("w", wv.astype("float32"))
     graph.run()
     np.testing.assert_allclose(graph.get_output(0).numpy(), xv @ wv.T + 1, rtol=1e-4, atol=1e-4)
+
+
+def test_an_autotvm_config_that_chooses_the_layouts_is_checked_in_its_own(tmp_path: Path):
+    """``conv2d_NCHWc``'s channel blocks come from its config and shape its buffers: a
+    record whose blocks are not the fallback config's is checked against the template's
+    compute in its own layouts (DCGAN's AutoTVM build failed comparing a (1, 8, 8, 8, 64)
+    output with the fallback's (1, 32, 8, 8, 16)), kept where it agrees, and passed over
+    where its code computes something else."""
+    import time
+
+    from tvm import autotvm as tvm_autotvm
+    from tvm import relay
+
+    data, weight = relay.var("data", shape=(1, 32, 8, 8)), relay.var("w", shape=(64, 32, 3, 3))
+    body = relay.nn.conv2d(data, weight, padding=(1, 1), channels=64, kernel_size=(3, 3))
+    mod = tvm.IRModule.from_expr(relay.Function([data, weight], body))
+    target = host_target()
+    (task,) = autotvm.extract(mod, target, {})
+    space = task.native.config_space
+    index = next(i for i in range(len(space)) if space.get(i)["tile_oc"].size[-1] == 64)
+    config = space.get(index)
+    measured = tvm_autotvm.MeasureInput(target, task.native, config)
+    result = tvm_autotvm.MeasureResult([1e-4], 0, 0.1, time.time())
+    line = tvm_autotvm.record.encode(measured, result)
+    log = tmp_path / "autotvm.log"
+    log.write_text(line + "\n")
+    assert autotvm._agreeing(log, [task], target) == [(task, line + "\n")]
+    native = autotvm.create_task(task.native.name, task.native.args, target)
+    shapes = autotvm._buffer_shapes(autotvm._lowered(native, config, target))
+    fallback = autotvm._lowered(native, autotvm.FallbackConfigEntity(), target)
+    assert shapes != autotvm._buffer_shapes(fallback)  # its layouts are not the fallback's
+    lowered = autotvm._lowered
+
+    def shifted(native: Any, config: Any, target: Any, *, plain: bool = False) -> Any:
+        """The record's schedule made to compute the compute plus one."""
+        mod = lowered(native, config, target, plain=plain)
+        if plain:
+            return mod
+        func = mod["main"]
+        out = func.buffer_map[func.params[-1]]
+        return tvm.IRModule({"main": func.with_body(tir.SeqStmt([func.body, _add_one(out)]))})
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(autotvm, "_lowered", shifted)
+        with pytest.warns(RelayTasksWarning, match="the best 1 of its records .* default"):
+            assert autotvm._agreeing(log, [task], target) == []
+
+
+def _add_one(buffer: Any) -> Any:
+    """A loop nest adding 1 to every element of ``buffer``."""
+    loops = [tir.Var(f"i{n}", "int32") for n in range(len(buffer.shape))]
+    store = tir.BufferStore(buffer, tir.BufferLoad(buffer, loops) + 1.0, loops)
+    for var, extent in reversed(list(zip(loops, buffer.shape, strict=True))):
+        store = tir.For(var, 0, extent, tir.ForKind.SERIAL, store)
+    return store
