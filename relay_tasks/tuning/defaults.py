@@ -116,9 +116,11 @@ def measure_defaults(
             continue  # read each time: a tune beside this one measures them too
         done.add(key)
         seconds = _alone(adapter, task, target, work_dir, [])
+        if seconds is None:
+            continue
         line = json.dumps({"task": key, "seconds": seconds, "version": VERSION})
         with locked(work_dir):  # a tune beside this one may have measured it meanwhile
-            if seconds is not None and key not in _read(work_dir).current:
+            if key not in _read(work_dir).current:
                 write_locked(work_dir, [(DEFAULTS_FILE, [line])])
 
 
