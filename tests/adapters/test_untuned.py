@@ -172,10 +172,22 @@ def _calls(func: relay.Function) -> list[relay.Call]:
     return found
 
 
+@pytest.fixture
+def every_record_agrees(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every record counts as computing its task's results: what a build's lookups used is
+    then the records' doing alone. On this TVM build about one random MetaSchedule schedule
+    of these small denses in 16 leaves rows of NaN (3 of 48 counted; Ansor has such states
+    too), and a task whose two records are both passed over has none to use, which is another
+    warning (tests/adapters/test_verify.py covers the check)."""
+    from relay_tasks.adapters import verify
+
+    monkeypatch.setattr(verify, "agrees_with", lambda *args: True)
+
+
 @pytest.mark.xdist_group("tuning")
 @pytest.mark.parametrize("tuner", ["ansor", "meta_schedule"])
 def test_records_a_build_could_not_use_are_named_with_the_task_sharing_their_call(
-    tuner: str, tmp_path: Path
+    tuner: str, tmp_path: Path, every_record_agrees: None
 ) -> None:
     """Both functions tuned, built with the shorter one's records alone: its dense is lowered
     TOPI's way for the other, so its record is not the function's any more, and the build says
@@ -201,7 +213,7 @@ def test_records_a_build_could_not_use_are_named_with_the_task_sharing_their_cal
 @pytest.mark.xdist_group("tuning")
 @pytest.mark.parametrize("tuner", ["ansor", "autotvm", "meta_schedule"])
 def test_records_of_workloads_the_build_never_asks_for_are_named(
-    tuner: str, tmp_path: Path
+    tuner: str, tmp_path: Path, every_record_agrees: None
 ) -> None:
     """A dense tuned at batch 8, built into a model whose dense is at batch 4: no lookup of
     the build finds the record, and the build says which task's records went unused."""
