@@ -128,15 +128,16 @@ def _upstream(tuner: str, arguments: list[str], budget: int, work: Path) -> dict
     target = relay_tasks.host_target()
     started = time.perf_counter()
     if tuner == "meta_schedule":
-        import importlib
         import os
 
         from tvm import meta_schedule as ms
 
+        from relay_tasks.adapters.meta_schedule import register_intrinsics
+
         # hhb-tvm does not register the tensor intrinsics its own schedule rules look up:
         # tune_relay fails at once ("TensorIntrin 'dot_16x4_vnni' is not registered") without.
-        for name in ("arm_cpu", "cuda", "rocm", "x86"):
-            importlib.import_module(f"tvm.tir.tensor_intrin.{name}")
+        # Those of the target's kind, as relay-tasks imports them.
+        register_intrinsics(target)
         ms_target = tvm.target.Target(f"{target} -num-cores {os.cpu_count()}")
         database = ms.relay_integration.tune_relay(
             mod=mod, params=params, target=ms_target, work_dir=str(work),
