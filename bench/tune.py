@@ -8,10 +8,11 @@ estimate (each task's best record or, where faster or not measured yet, its defa
 its latency as that side's build gives a task without records, measured once here; under
 MetaSchedule and Ansor upstream's is the naive schedule x86's dense and batch_matmul strategies
 leave for the tuner, ours TOPI's); then one process times every library built, with the
-same ``time_evaluator`` settings (``relay_tasks.tuning.compile.run``: 20 repeats of at least
-50 ms each), beside the untuned build. hhb-tvm does not register the tensor intrinsics
-MetaSchedule's own x86 rules look up, so upstream's ``tune_relay`` fails at once on it; the
-bench registers them first (as relay-tasks does), as a user of this build would have to.
+same ``time_evaluator`` settings (``relay_tasks.tuning.compile.compare``: 20 repeats of at
+least 50 ms each, taken in 5 rounds that time every build in turn), beside the untuned build.
+hhb-tvm does not register the tensor intrinsics MetaSchedule's own x86 rules look up, so
+upstream's ``tune_relay`` fails at once on it; the bench registers them first (as relay-tasks
+does), as a user of this build would have to.
 
     python bench/tune.py                                   # dcgan, MetaSchedule, budget 64
     python bench/tune.py --models dcgan resnet-18-112 bert-2 --tuners meta_schedule ansor \\
@@ -287,12 +288,13 @@ def _cli(command: list[str]) -> None:
 
 
 def _latencies(libraries: dict[str, Path], arguments: list[str]) -> dict[str, Any]:
-    """Every library of one model timed in one process, with the same settings and inputs."""
+    """Every library of one model timed in one process, with the same settings and inputs,
+    interleaved (:func:`relay_tasks.tuning.compile.compare`)."""
     import tvm
     from tvm import relay
 
     import relay_tasks
-    from relay_tasks.tuning.compile import random_inputs, run
+    from relay_tasks.tuning.compile import compare, random_inputs
 
     mod, params = _load(arguments)
     with tempfile.TemporaryDirectory() as folder:
@@ -302,11 +304,10 @@ def _latencies(libraries: dict[str, Path], arguments: list[str]) -> dict[str, An
                 str(untuned)
             )
         inputs = random_inputs(mod, params)
-        result = {}
-        for name, path in {"untuned": untuned, **libraries}.items():
-            timing = run(tvm.runtime.load_module(str(path)), inputs)
-            result[name] = [timing.seconds, *timing.spread]
-    return result
+        paths = {"untuned": untuned, **libraries}
+        # Every build in turn, round after round: the host's drift falls on all alike.
+        timed = compare([tvm.runtime.load_module(str(p)) for p in paths.values()], inputs)
+    return {name: [t.seconds, *t.spread] for name, t in zip(paths, timed, strict=True)}
 
 
 def _child(argv: list[str]) -> None:

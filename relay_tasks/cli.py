@@ -379,9 +379,8 @@ def _compile(args: argparse.Namespace) -> int:
     if args.benchmark:
         remote = _remote(tracker, args.rpc_key) if tracker else None
         inputs = building.random_inputs(mod, params)
-        tuned = building.run(factory, inputs, remote=remote)
-        untuned = building.run(building.build_untuned(mod, params, chosen.target), inputs,
-                               remote=remote)  # fmt: skip
+        untuned_factory = building.build_untuned(mod, params, chosen.target)
+        tuned, untuned = building.compare([factory, untuned_factory], inputs, remote=remote)
         print(building.summary(tuned, untuned))
     return 0
 

@@ -689,14 +689,14 @@ def test_compile_builds_with_the_work_dirs_records_and_benchmarks(
 
     ran_on: list[object] = []
 
-    def run_remotely(factory, inputs, *, remote=None):
-        ran_on.append(remote)
-        return building.Run([1e-3], [np.zeros(4, "float32")])
+    def run_remotely(factories, inputs, *, remote=None):
+        ran_on.append((len(factories), remote))
+        return [building.Run([1e-3], [np.zeros(4, "float32")]) for _ in factories]
 
     monkeypatch.setattr(cli, "_remote", lambda tracker, key: "the device")
-    monkeypatch.setattr(building, "run", run_remotely)
+    monkeypatch.setattr(building, "compare", run_remotely)
     assert main(tracked) == 0
-    assert ran_on == ["the device", "the device"]  # the tuned build, then the untuned one
+    assert ran_on == [(2, "the device")]  # the tuned build and the untuned one, in turn
 
 
 def test_serve_registers_at_the_tracker_until_interrupted(monkeypatch, capsys) -> None:

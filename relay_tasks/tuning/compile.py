@@ -158,6 +158,13 @@ class Run:
 REPEATS, MIN_REPEAT_MS = 20, 50
 
 
+#: Rounds a comparison is timed in, each timing every build in turn: the host's speed drifts
+#: by 10% within a minute (ResNet-18 at 112x112: one build timed three times between two
+#: others measured 10.7, 12.9 and 10.7 ms, the others with it), and builds timed one after the
+#: other carried that drift as a difference between them.
+ROUNDS = 5
+
+
 def run(
     factory: Any,
     inputs: dict[str, np.ndarray[Any, Any]],
@@ -168,6 +175,42 @@ def run(
 ) -> Run:
     """Latency of each of ``repeat`` repeats (after a warm-up), and the outputs, on this
     machine's CPU or on an RPC session's device."""
+    [timed] = compare([factory], inputs, repeat=repeat, min_repeat_ms=min_repeat_ms,
+                      remote=remote)  # fmt: skip
+    return timed
+
+
+def compare(
+    factories: Sequence[Any],
+    inputs: dict[str, np.ndarray[Any, Any]],
+    *,
+    repeat: int = REPEATS,
+    min_repeat_ms: int = MIN_REPEAT_MS,
+    remote: Any = None,
+) -> list[Run]:
+    """:func:`run` for several builds at once, their repeats taken in :data:`ROUNDS` rounds
+    that time each build in turn, so that the host's drift falls on all of them alike."""
+    graphs = [_graph(f, inputs, remote, f"model{i}.tar") for i, f in enumerate(factories)]
+    repeats: list[list[float]] = [[] for _ in graphs]
+    rounds = max(1, min(ROUNDS, repeat))
+    for number in range(rounds):
+        count = repeat // rounds + (1 if number < repeat % rounds else 0)
+        for (graph, device), times in zip(graphs, repeats, strict=True):
+            timing = graph.benchmark(device, number=1, repeat=count, min_repeat_ms=min_repeat_ms,
+                                     end_to_end=False)  # fmt: skip
+            times += [float(s) for s in timing.results]
+    timed = []
+    for (graph, _), times in zip(graphs, repeats, strict=True):
+        graph.run()
+        outputs = [graph.get_output(i).numpy() for i in range(graph.get_num_outputs())]
+        timed.append(Run(times, outputs))
+    return timed
+
+
+def _graph(
+    factory: Any, inputs: dict[str, np.ndarray[Any, Any]], remote: Any, name: str
+) -> tuple[Any, Any]:
+    """A graph executor of ``factory`` with ``inputs`` set, on this CPU or the remote's."""
     import tvm
     from tvm.contrib import graph_executor
 
@@ -175,18 +218,14 @@ def run(
         device, module = tvm.cpu(0), factory
     else:
         with tempfile.TemporaryDirectory() as folder:
-            path = Path(folder) / "model.tar"
+            path = Path(folder) / name
             factory.export_library(str(path))
             remote.upload(str(path))
-        module, device = remote.load_module(path.name), remote.cpu(0)
+        module, device = remote.load_module(name), remote.cpu(0)
     graph = graph_executor.GraphModule(module["default"](device))
-    for name, value in inputs.items():
-        graph.set_input(name, value)
-    timing = graph.benchmark(device, number=1, repeat=repeat, min_repeat_ms=min_repeat_ms,
-                             end_to_end=False)  # fmt: skip
-    graph.run()
-    outputs = [graph.get_output(i).numpy() for i in range(graph.get_num_outputs())]
-    return Run([float(s) for s in timing.results], outputs)
+    for key, value in inputs.items():
+        graph.set_input(key, value)
+    return graph, device
 
 
 def summary(tuned: Run, untuned: Run) -> str:

@@ -331,3 +331,30 @@ def test_the_benchmark_says_which_is_faster_only_beyond_the_spread(tuned, untune
     line = building.summary(building.Run(tuned, outputs), building.Run(untuned, outputs))
     assert said in line
     assert line.startswith(f"tuned {np.median(tuned) * 1e3:.4g} ms (middle half ")
+
+
+def test_builds_compared_are_timed_in_turn_round_after_round(monkeypatch) -> None:
+    """The host's speed drifts within a minute: two builds timed one after the other carry the
+    drift as a difference, so a comparison times each in turn, in rounds, every repeat kept."""
+    timed: list[str] = []
+
+    class Graph:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def benchmark(self, device, *, number, repeat, min_repeat_ms, end_to_end):
+            timed.extend([self.name] * repeat)
+            return type("Timing", (), {"results": [float(len(timed))] * repeat})()
+
+        def run(self) -> None:
+            pass
+
+        def get_num_outputs(self) -> int:
+            return 0
+
+    monkeypatch.setattr(building, "_graph", lambda factory, *args: (Graph(factory), None))
+    tuned, untuned = building.compare(["tuned", "untuned"], {}, repeat=20)
+    assert len(tuned.repeats) == len(untuned.repeats) == 20
+    rounds = building.ROUNDS
+    assert rounds > 1
+    assert timed == (["tuned"] * (20 // rounds) + ["untuned"] * (20 // rounds)) * rounds
