@@ -88,6 +88,7 @@ def tiny_weight() -> np.ndarray:
 class InProcess(NamedTuple):
     records: list[tuple[str, float | None]]
     build: Callable[[], Any]
+    inputs: tuple[Any, Any, Any, Any]  # the module, target, params and tasks tuned
 
 
 def tune_in_process(tuner: str, folder: Path, budgets: Sequence[int], batch: int = 1) -> InProcess:
@@ -111,7 +112,9 @@ def tune_in_process(tuner: str, folder: Path, budgets: Sequence[int], batch: int
     for trials in budgets:
         tune_until(adapter, tasks, target, trials, work, Runner())
     return InProcess(
-        raw_measurements(work, tuner), lambda: adapter.build(mod, target, params, work, tasks)
+        raw_measurements(work, tuner),
+        lambda: adapter.build(mod, target, params, work, tasks),
+        (mod, target, params, tasks),
     )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import re
+import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -307,8 +308,9 @@ def tune(
         return
     session = _Session(tasks, _with_num_cores(target), work_dir, runner)
     allocation = Allocation(tasks, records, defaults)
-    warm = min(budget, WARMUP)
-    session.phase(allocation, warm, _round(warm, WARM_BATCH), _replay)
+    warm = min(budget, max(0, WARMUP - session.learn()))
+    if warm:
+        session.phase(allocation, warm, _round(warm, WARM_BATCH), _replay)
     left = trials - valid_for(tasks, measurements(work_dir))
     if left > 0:
         session.phase(allocation, left, _round(left, BATCH), _search)
@@ -337,6 +339,8 @@ WARMUP = 32
 #: search costs about the same for any number it returns (15-25 s on DCGAN's convolutions at a
 #: population of 128), a round is what the allocation gives at once.
 WARM_BATCH, BATCH = 8, 32
+#: Most records of one task the cost model learns from at a tune's start (its fastest).
+LEARN_MOST = 256
 #: Fewest rounds a phase's budget is cut into, so that the allocation has rounds to give;
 #: but never rounds of fewer than MIN_ROUND where the budget has more (every round restarts
 #: the builder's processes: a second each).
@@ -363,6 +367,38 @@ class _Session:
         self.cost_model = ms.cost_model.XGBModel(
             num_warmup_samples=WARMUP, num_tuning_cores=_physical_cores(), tree_method="auto"
         )
+
+    def learn(self) -> int:
+        """Teach the cost model the work dir's records of these tasks (an earlier tune's,
+        resumed); returns how many it learnt. MetaSchedule's model is not kept between tunes,
+        and without them a resumed tune drew ``WARMUP`` random candidates again before its
+        search could use the model (AutoTVM's tuner is seeded from its log the same way)."""
+        learnt, fed = 0, []
+        memory = self.database.memory
+        for task in self.tasks:
+            module = task.native.dispatched[0]
+            if not memory.has_workload(module):
+                continue
+            candidates, results = [], []
+            for record in memory.get_top_k(memory.commit_workload(module), LEARN_MOST):
+                schedule = tvm.tir.Schedule(module)
+                try:
+                    record.trace.apply_to_schedule(schedule, remove_postproc=False)
+                except tvm.TVMError:  # a trace this build cannot replay teaches nothing
+                    continue
+                candidates.append(ms.MeasureCandidate(schedule, record.args_info))
+                results.append(ms.runner.RunnerResult(run_secs=record.run_secs, error_msg=None))
+            if candidates:
+                context = ms.TuneContext(mod=module, target=self.target, task_name=task.name)
+                fed.append((context, candidates, results))
+                learnt += len(candidates)
+        # The model retrains on every update that grows its data by a fifth (4.4 s each for
+        # ResNet-18's 64 records on a loaded host): every task's records in, then one training.
+        model = self.cost_model
+        for number, update in enumerate(fed, start=1):
+            model.last_train_size = 0 if number == len(fed) else sys.maxsize
+            model.update(*update)
+        return learnt
 
     def phase(
         self, allocation: Allocation, limit: int, batch: int, strategy: Callable[[int], Any]

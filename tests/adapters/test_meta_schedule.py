@@ -281,6 +281,33 @@ def test_tune_spends_the_budget_on_valid_measurements_and_builds_with_them(tmp_p
     assert_one_task_tunes_resumes_and_builds("meta_schedule", tmp_path)
 
 
+def test_a_resumed_tune_teaches_its_records_to_the_cost_model_and_draws_nothing_at_random(
+    tmp_path, monkeypatch
+) -> None:
+    """MetaSchedule keeps no cost model between tunes: a resumed tune learns the work dir's
+    records first and, where they are as many as the warm-up needs, searches with the model
+    from its first candidate (it drew the warm-up's random candidates again before)."""
+    from relay_tasks.adapters import meta_schedule
+    from relay_tasks.adapters.base import Runner
+
+    from tuned_models import tune_in_process
+
+    tuned = tune_in_process("meta_schedule", tmp_path, [3])
+    work = tmp_path / "work"
+    learnt: list[int] = []
+    drawn: list[int] = []
+    learn = meta_schedule._Session.learn
+    monkeypatch.setattr(meta_schedule._Session, "learn",
+                        lambda self: learnt.append(learn(self)) or learnt[-1])  # fmt: skip
+    monkeypatch.setattr(meta_schedule, "_replay", lambda n: drawn.append(n))
+    monkeypatch.setattr(meta_schedule, "WARMUP", 3)
+    adapter, (_, target, _, tasks) = get_adapter("meta_schedule"), tuned.inputs
+    adapter.tune(tasks, target, 5, work, Runner())
+    assert learnt == [3] and drawn == []
+    valid = [m for m in adapter.measurements(work) if m.valid]
+    assert len(valid) >= 5
+
+
 def test_cpu_targets_get_this_machines_core_count_unless_they_name_one() -> None:
     """MetaSchedule's CPU schedule rules read ``-num-cores``; other targets are left alone."""
     import os
