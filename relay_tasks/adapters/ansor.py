@@ -16,7 +16,7 @@ import hashlib
 import json
 import math
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import MappingProxyType
@@ -198,11 +198,13 @@ def tune(
     work_dir: Path,
     runner: Runner,
     defaults: Mapping[str, float] = MappingProxyType({}),
+    teachers: Callable[[], Sequence[TunerTask]] = tuple,
 ) -> None:
     """Ansor's task scheduler (gradient, by weight) until the log holds ``trials`` valid
     measurements, starting from the default schedules' latencies (``defaults``, by
     ``alternatives_of``; see :class:`_FromDefaults`); the search effort scales down with the
-    budget."""
+    budget. Its cost model learns from the log's records of these tasks (Ansor's reads only
+    the workloads registered in this process), not yet from ``teachers``'."""
     log = work_dir / LOG
     records = measurements(work_dir)
     budget = trials - valid_for(tasks, records)

@@ -343,11 +343,13 @@ def tune(
     work_dir: Path,
     runner: Runner,
     defaults: Mapping[str, float] = MappingProxyType({}),
+    teachers: Callable[[], Sequence[TunerTask]] = tuple,
 ) -> None:
     """XGBTuner per task, until the log holds ``trials`` valid measurements in all, each task's
     share of them by its part of the latency known (``defaults``, the default schedules'
-    latencies, and the records; see :func:`allotments`); a failed measurement does not count,
-    so a rerun retries it."""
+    latencies, and the records; see :func:`allotments`). Each task's tuner learns from the
+    whole log (the records of its template, of every model tuned in the work dir: ``teachers``
+    is not asked). A failed measurement does not count, so a rerun retries it."""
     log = work_dir / LOG
     records = measurements(work_dir)
     valid: dict[str, int] = {}

@@ -77,10 +77,11 @@ class Adapter:
       here and returns the native task with its source;
     - ``key(native)``: the task's identity, recomputed from a decoded task to check a task file;
     - ``merge(tasks)``: one task from equal tasks of several models (weights added);
-    - ``tune(tasks, target, trials, work_dir, runner, defaults)``: tune until ``work_dir`` holds
-      ``trials`` valid measurements (failed ones are retried, not counted), logging as it goes;
-      ``defaults`` are the latencies of the default schedules (by ``alternatives_of``), which
-      the allocation of measurements starts from;
+    - ``tune(tasks, target, trials, work_dir, runner, defaults, teachers)``: tune until
+      ``work_dir`` holds ``trials`` valid measurements (failed ones are retried, not counted),
+      logging as it goes; ``defaults`` are the latencies of the default schedules (by
+      ``alternatives_of``), which the allocation of measurements starts from; ``teachers()``
+      the tasks of other models tuned in ``work_dir``, whose records its cost model may learn;
     - ``measurements(work_dir)``: the records in ``work_dir``, in the order measured, each
       under its task's key (the records name their tasks; standing() matches them to rows);
     - ``flops(native)``: floating-point operations of one call of the task;

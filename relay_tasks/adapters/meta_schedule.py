@@ -289,6 +289,7 @@ def tune(
     work_dir: Path,
     runner: Runner,
     defaults: Mapping[str, float] = MappingProxyType({}),
+    teachers: Callable[[], Sequence[TunerTask]] = tuple,
 ) -> None:
     """``ms.tune_tasks`` into a JSON database in ``work_dir`` until it holds ``trials`` valid
     measurements, each round to the task whose part of the estimated latency it is likeliest to
@@ -299,7 +300,8 @@ def tune(
     random, and an evolutionary search on random scores is random sampling at many times the
     cost (on DCGAN 15-30 s of search a round of 10): random traces are replayed until then,
     then each task is searched with the model, its population sized by the measurements the
-    allocation expects to give it.
+    allocation expects to give it. The cost model first learns the work dir's records of these
+    tasks and of ``teachers()`` (the other models' tasks tuned in it).
     """
     register_intrinsics(target)
     records = measurements(work_dir)
@@ -308,7 +310,7 @@ def tune(
         return
     session = _Session(tasks, _with_num_cores(target), work_dir, runner)
     allocation = Allocation(tasks, records, defaults)
-    warm = min(budget, max(0, WARMUP - session.learn()))
+    warm = min(budget, max(0, WARMUP - session.learn(teachers())))
     if warm:
         session.phase(allocation, warm, _round(warm, WARM_BATCH), _replay)
     left = trials - valid_for(tasks, measurements(work_dir))
@@ -368,14 +370,20 @@ class _Session:
             num_warmup_samples=WARMUP, num_tuning_cores=_physical_cores(), tree_method="auto"
         )
 
-    def learn(self) -> int:
+    def learn(self, teachers: Sequence[TunerTask] = ()) -> int:
         """Teach the cost model the work dir's records of these tasks (an earlier tune's,
-        resumed); returns how many it learnt. MetaSchedule's model is not kept between tunes,
-        and without them a resumed tune drew ``WARMUP`` random candidates again before its
-        search could use the model (AutoTVM's tuner is seeded from its log the same way)."""
+        resumed) and of ``teachers`` (other models' tasks, tuned in the same work dir);
+        returns how many it learnt. MetaSchedule's model is not kept between tunes, and
+        without them a resumed tune drew ``WARMUP`` random candidates again before its search
+        could use the model (AutoTVM's and Ansor's learn from their whole log the same way)."""
         learnt, fed = 0, []
-        memory = self.database.memory
-        for task in self.tasks:
+        mine = {t.key for t in self.tasks}
+        others = [t for t in teachers if t.key not in mine]
+        pairs = [(t, self.database.memory) for t in self.tasks]
+        if others:
+            theirs = WorkDatabase(self.work_dir, [t.native.dispatched[0] for t in others])
+            pairs += [(t, theirs.memory) for t in others]
+        for task, memory in pairs:
             module = task.native.dispatched[0]
             if not memory.has_workload(module):
                 continue

@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from ..adapters.base import Runner, valid_for
 from ..errors import describe_failure
 from ..export import load_tasks
 from .defaults import measure_defaults, read_defaults
-from .tune import failure_mark
+from .tune import failure_mark, tasks_in
 
 
 def main(argv: list[str]) -> int:
@@ -39,7 +40,8 @@ def main(argv: list[str]) -> int:
         adapter = get_adapter(loaded.tuner)
         if tracker is None:  # a device's defaults would be measured on it: not done yet
             measure_defaults(adapter, loaded.tasks, loaded.target, folder)
-        tune_until(adapter, loaded.tasks, loaded.target, trials, folder, options)
+        tune_until(adapter, loaded.tasks, loaded.target, trials, folder, options,
+                   teachers=lambda: other_tunes(folder, loaded.tasks))  # fmt: skip
     except Exception as err:
         traceback.print_exc()
         print(f"{failure_mark(os.getpid())}{describe_failure(err)}", file=sys.stderr, flush=True)
@@ -48,21 +50,38 @@ def main(argv: list[str]) -> int:
 
 
 def tune_until(
-    adapter: Adapter, tasks: list[TunerTask], target: Any, trials: int, folder: Path, runner: Runner
+    adapter: Adapter,
+    tasks: list[TunerTask],
+    target: Any,
+    trials: int,
+    folder: Path,
+    runner: Runner,
+    teachers: Callable[[], Sequence[TunerTask]] = tuple,
 ) -> None:
     """Tuners spend their budget on attempts, failed ones included; passes go on until the
     records hold ``trials`` valid measurements, or ``BARREN_PASSES`` passes in a row add none
     (the supervisor then reports the failures). One barren pass is no verdict: Ansor's small
-    rounds can draw only states that fail to instantiate."""
+    rounds can draw only states that fail to instantiate. ``teachers`` gives the tasks of the
+    work dir's other tunes, whose records a tuner's cost model may learn from."""
     valid, barren = _valid(adapter, tasks, folder), 0
     while valid < trials and barren < BARREN_PASSES:
-        adapter.tune(tasks, target, trials, folder, runner, defaults=read_defaults(folder))
+        adapter.tune(tasks, target, trials, folder, runner, defaults=read_defaults(folder),
+                     teachers=teachers)  # fmt: skip
         now = _valid(adapter, tasks, folder)
         barren = barren + 1 if now == valid else 0
         valid = now
 
 
 BARREN_PASSES = 3
+
+
+def other_tunes(folder: Path, tasks: Sequence[TunerTask]) -> list[TunerTask]:
+    """The tasks of ``folder``'s tunes of other models (each derived again from its task file,
+    checked as any is), less ``tasks``."""
+    keys = {t.key for t in tasks}
+    return [t for t in tasks_in(folder).tasks if t.key not in keys]
+
+
 #: Seconds between two looks for the supervisor.
 PARENT_POLL = 0.5
 

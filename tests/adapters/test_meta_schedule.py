@@ -298,7 +298,7 @@ def test_a_resumed_tune_teaches_its_records_to_the_cost_model_and_draws_nothing_
     drawn: list[int] = []
     learn = meta_schedule._Session.learn
     monkeypatch.setattr(meta_schedule._Session, "learn",
-                        lambda self: learnt.append(learn(self)) or learnt[-1])  # fmt: skip
+                        lambda self, *others: learnt.append(learn(self, *others)) or learnt[-1])  # fmt: skip
     monkeypatch.setattr(meta_schedule, "_replay", lambda n: drawn.append(n))
     monkeypatch.setattr(meta_schedule, "WARMUP", 3)
     adapter, (_, target, _, tasks) = get_adapter("meta_schedule"), tuned.inputs

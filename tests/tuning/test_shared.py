@@ -239,3 +239,38 @@ def test_a_tunes_folder_that_is_a_link_is_not_followed(tmp_path) -> None:
     with pytest.raises(TuningError, match="tunes is not a directory; remove it"):
         file_tasks(work, {"models": ["a"]})
     assert list(elsewhere.iterdir()) == []
+
+
+def test_a_metaschedule_tune_of_another_model_learns_the_work_dirs_records_first(
+    tuned, tmp_path, monkeypatch
+) -> None:
+    """A work dir holding the tiny model's records, tuned for another model: the cost model
+    learns those records (their tasks derived again from the work dir's task files) before
+    the search, so a warm-up they fill draws nothing at random."""
+    from relay_tasks import host_target
+    from relay_tasks.adapters import get_adapter, meta_schedule
+    from relay_tasks.adapters.base import Runner
+    from relay_tasks.loaders import load_model
+    from relay_tasks.tuning.worker import other_tunes, tune_until
+
+    from tuned_models import write_tiny
+
+    work = _copy(tuned, "meta_schedule", tmp_path)
+    text, weights = write_tiny(tmp_path, batch=2)
+    mod, params = load_model(text, params=weights)
+    adapter, target = get_adapter("meta_schedule"), host_target()
+    tasks = adapter.extract(mod, target, params)
+    teachers = other_tunes(work, tasks)
+    tiny = [m.key for m in adapter.measurements(work)]
+    assert teachers and {t.key for t in teachers} == set(tiny)
+    assert not {t.key for t in tasks} & set(tiny)
+    learnt: list[int] = []
+    drawn: list[int] = []
+    learn = meta_schedule._Session.learn
+    monkeypatch.setattr(meta_schedule._Session, "learn",
+                        lambda self, others: learnt.append(learn(self, others)) or learnt[-1])  # fmt: skip
+    monkeypatch.setattr(meta_schedule, "_replay", lambda n: drawn.append(n))
+    before = valid_count(work, "meta_schedule")
+    monkeypatch.setattr(meta_schedule, "WARMUP", before)
+    tune_until(adapter, tasks, target, 2, work, Runner(), teachers=lambda: teachers)
+    assert learnt == [before] and drawn == []
