@@ -204,7 +204,7 @@ def tune(
     measurements, starting from the default schedules' latencies (``defaults``, by
     ``alternatives_of``; see :class:`_FromDefaults`); the search effort scales down with the
     budget. Its cost model learns from the log's records of these tasks (Ansor's reads only
-    the workloads registered in this process), not yet from ``teachers``'."""
+    the workloads registered in this process), not yet from ``teachers``."""
     log = work_dir / LOG
     records = measurements(work_dir)
     budget = trials - valid_for(tasks, records)

@@ -375,7 +375,8 @@ class _Session:
         resumed) and of ``teachers`` (other models' tasks, tuned in the same work dir);
         returns how many it learnt. MetaSchedule's model is not kept between tunes, and
         without them a resumed tune drew ``WARMUP`` random candidates again before its search
-        could use the model (AutoTVM's and Ansor's learn from their whole log the same way)."""
+        could use the model (AutoTVM's tuners learn from their whole log so, Ansor's from its
+        records of the model's own tasks)."""
         learnt, fed = 0, []
         mine = {t.key for t in self.tasks}
         others = [t for t in teachers if t.key not in mine]
