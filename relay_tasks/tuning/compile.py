@@ -165,21 +165,6 @@ REPEATS, MIN_REPEAT_MS = 20, 50
 ROUNDS = 5
 
 
-def run(
-    factory: Any,
-    inputs: dict[str, np.ndarray[Any, Any]],
-    *,
-    repeat: int = REPEATS,
-    min_repeat_ms: int = MIN_REPEAT_MS,
-    remote: Any = None,
-) -> Run:
-    """Latency of each of ``repeat`` repeats (after a warm-up), and the outputs, on this
-    machine's CPU or on an RPC session's device."""
-    [timed] = compare([factory], inputs, repeat=repeat, min_repeat_ms=min_repeat_ms,
-                      remote=remote)  # fmt: skip
-    return timed
-
-
 def compare(
     factories: Sequence[Any],
     inputs: dict[str, np.ndarray[Any, Any]],
@@ -188,7 +173,8 @@ def compare(
     min_repeat_ms: int = MIN_REPEAT_MS,
     remote: Any = None,
 ) -> list[Run]:
-    """:func:`run` for several builds at once, their repeats taken in :data:`ROUNDS` rounds
+    """Latency of each build's ``repeat`` repeats (after a warm-up), and its outputs, on this
+    machine's CPU or on an RPC session's device; the repeats are taken in :data:`ROUNDS` rounds
     that time each build in turn, so that the host's drift falls on all of them alike."""
     graphs = [_graph(f, inputs, remote, f"model{i}.tar") for i, f in enumerate(factories)]
     repeats: list[list[float]] = [[] for _ in graphs]

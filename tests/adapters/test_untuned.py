@@ -242,7 +242,7 @@ def test_a_call_whose_weight_a_record_rewrote_keeps_the_tuners_lowering(tmp_path
     so that call is lowered the tuner's way though the untuned function shares its signature;
     TOPI's batch_matmul would have failed on the rewritten operand ("too many values to
     unpack", BERT-2's Ansor build at 128 measurements)."""
-    from relay_tasks.tuning.compile import random_inputs, run
+    from relay_tasks.tuning.compile import compare, random_inputs
 
     x, y, z = (relay.var(name, shape=(2, 16, 16)) for name in "xyz")
     scores = relay.nn.softmax(relay.nn.batch_matmul(x, y) * relay.const(0.25))
@@ -257,5 +257,5 @@ def test_a_call_whose_weight_a_record_rewrote_keeps_the_tuners_lowering(tmp_path
     e = np.exp(b - b.max(axis=-1, keepdims=True))
     expected = (e / e.sum(axis=-1, keepdims=True)) @ inputs["z"].transpose(0, 2, 1)
     np.testing.assert_allclose(
-        run(library, inputs, repeat=1).outputs[0], expected, rtol=1e-4, atol=1e-5
+        compare([library], inputs, repeat=1)[0].outputs[0], expected, rtol=1e-4, atol=1e-5
     )

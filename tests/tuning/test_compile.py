@@ -40,10 +40,8 @@ def test_compile_with_the_records(tuner: str, tuned: dict[str, Path], tiny, tmp_
     # The exported library runs and computes what the untuned build computes.
     inputs = building.random_inputs(mod, weights)
     factory = tvm.runtime.load_module(str(library))
-    tuned_run = building.run(factory, inputs, repeat=1)
-    untuned_run = building.run(
-        building.build_untuned(mod, weights, chosen.target), inputs, repeat=1
-    )
+    untuned = building.build_untuned(mod, weights, chosen.target)
+    tuned_run, untuned_run = building.compare([factory, untuned], inputs, repeat=1)
     assert building.max_difference(tuned_run.outputs, untuned_run.outputs) < 1e-4
     reference = np.maximum(inputs["data"] @ weights["w"].numpy().T, 0)
     np.testing.assert_allclose(tuned_run.outputs[0], reference, rtol=1e-4, atol=1e-4)
