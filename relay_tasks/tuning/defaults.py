@@ -13,14 +13,16 @@ implementation with TVM's naive schedule, left for the tuner (BERT-2's dense lay
 a model TOPI runs in 3.7), and the adapters' builds lower what no record covers as the build
 without the tuner does (:mod:`relay_tasks.adapters.untuned`), with the weights as constants.
 
-The latencies are kept in ``defaults.jsonl``, ``{"task": key, "seconds": s, "version": 2}`` a
-line, read back through :func:`read_defaults`'s allowlist. Lines without a version were
-measured by relay-tasks before 2026-12 (the naive schedules, or the weights as inputs, which
-TOPI's dense repacks on every run): the next ``tune`` measures those tasks again, and until
-then they stand in, each named by :func:`stale_defaults`. A record timed alike is kept there
-too, ``{"task": key, "best": b, "seconds": s, "version": 2}``, ``b`` the best latency its tuner
-measured for the task: a compile times a record once, and a work dir builds the same model
-the same way each time (where a record and the default are close, two timings disagree).
+The latencies are kept in ``defaults.jsonl``, ``{"task": key, "seconds": s, "version": 3}`` a
+line, read back through :func:`read_defaults`'s allowlist. Lines of an earlier version were
+measured by an older relay-tasks (without a version: the naive schedules, or the weights as
+inputs, which TOPI's dense repacks on every run; version 2: AutoTVM's dense weights still as
+inputs): the next ``tune`` measures those tasks again, and until then they stand in, each
+named by :func:`stale_defaults`. A record timed alike is kept there too, ``{"task": key,
+"best": b, "seconds": s, "version": 3}``, ``b`` the best latency its tuner measured for the
+task: a compile times a record once, and a work dir builds the same model the same way each
+time (where a record and the default are close, two timings disagree); one of an earlier
+version is timed again.
 """
 
 from __future__ import annotations
@@ -48,8 +50,9 @@ DEFAULTS_FILE = "defaults.jsonl"
 KEY = re.compile(r"[0-9a-f]{1,64}\Z")
 
 
-#: How the defaults are measured now (see the module's docstring); lines without are older.
-VERSION = 2
+#: How the defaults are measured now (see the module's docstring), and the earlier versions
+#: whose lines stand in until measured again, as lines without a version do.
+VERSION, EARLIER = 3, (2,)
 
 
 def read_defaults(work_dir: Path) -> dict[str, float]:
@@ -75,26 +78,27 @@ class _Kept:
 
 def _read(work_dir: Path) -> _Kept:
     """What ``defaults.jsonl`` holds; a line that is not exactly a key, a finite positive
-    number of seconds and this version (or none), and for a record timed alike its finite
-    positive best as measured, is a damaged record."""
+    number of seconds and a version (this one or an earlier, :data:`EARLIER`), and for a
+    record timed alike its finite positive best as measured, is a damaged record."""
     path = work_dir / DEFAULTS_FILE
     kept = _Kept({}, {}, {})
     for number, line in record_lines(path):
         entry = json.loads(line)
         fields = set(entry) if isinstance(entry, dict) else set()
+        version = entry.get("version") if fields else None
         if not (fields in ({"task", "seconds"}, {"task", "seconds", "version"},
                            {"task", "best", "seconds", "version"})
-                and entry.get("version", VERSION) == VERSION
+                and ("version" not in fields or version in (VERSION, *EARLIER))
                 and isinstance(entry["task"], str) and KEY.match(entry["task"])
                 and _positive(entry["seconds"]) and _positive(entry.get("best", 1))):  # fmt: skip
             raise damaged(
                 path, number, f"a default latency is a task key, seconds and version {VERSION}"
             )
         key, seconds = entry["task"], float(entry["seconds"])
-        if "best" in entry:
+        if "best" not in entry:
+            (kept.current if version == VERSION else kept.stale)[key] = seconds
+        elif version == VERSION:  # an earlier version's is timed again
             kept.alike[key, float(entry["best"])] = seconds
-        else:
-            (kept.current if "version" in entry else kept.stale)[key] = seconds
     return kept
 
 
@@ -169,11 +173,18 @@ def _alone(
     )
 
 
+#: The name of the compute in which TOPI's x86 ``dense_pack`` packs its weight (AutoTVM's
+#: dense computes mark no layout-free placeholder).
+PACKED = "packed_weight"
+
+
 def weight_params(func: Any, lowered: Any) -> frozenset[int]:
     """The parameters of a primitive function that its compute reads as weights (TOPI's
-    ``layout_free_placeholders``): constants in the model, so that a build packs them ahead
+    ``layout_free_placeholders``, or what x86's ``dense_pack`` packs, which AutoTVM's dense
+    computes carry instead): constants in the model, so that a build packs them ahead
     (AlterOpLayout's layout transforms folded); as inputs, TOPI's dense repacked its weight on
-    every run, and BERT-2's FFN dense measured 1.46 ms by default against 0.2 packed."""
+    every run, and BERT-2's FFN dense measured 1.46 ms by default against 0.2 packed (under
+    AutoTVM 0.75 against 0.30, and records that beat 0.75 made the model 23% slower)."""
     from tvm import te
 
     if len(lowered.inputs) != len(func.params):  # a tuple parameter: no position to go by
@@ -188,6 +199,7 @@ def weight_params(func: Any, lowered: Any) -> frozenset[int]:
         seen.add(op)
         if isinstance(op, te.ComputeOp):
             free += list(op.attrs.get("layout_free_placeholders", []) if op.attrs else [])
+            free += op.input_tensors if op.name == PACKED else []
             stack += [t.op for t in op.input_tensors]
     return frozenset(
         index for index, tensor in enumerate(lowered.inputs)
