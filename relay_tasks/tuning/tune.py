@@ -36,7 +36,7 @@ from ..adapters.journal import locked, open_appending, set_aside_cut_line
 from ..errors import ModelError, TuningError, TuningInterrupted, UsageError, describe_text
 from ..export import TaskFile, dumps, load_tasks, tasks_document
 from ..inputs import TargetLike, as_target
-from .defaults import read_defaults
+from .defaults import read_defaults, stale_defaults
 from .device import check_runs_here, check_tracker, devices_left
 from .logs import refuse_links
 from .records import Standing, standing
@@ -110,7 +110,12 @@ def tune(
     display = _Progress(adapter, tasks, folder, trials)
     if reused:
         display.say(reused)
-    if not tasks or before.valid >= trials:
+    # Defaults an older relay-tasks measured its way are measured again even with the budget
+    # spent (compile says to run tune for that): the worker measures them, then has no more to do.
+    stale = runner.tracker is None and bool(
+        stale_defaults(folder) & {t.alternatives_of for t in tasks}
+    )
+    if not tasks or (before.valid >= trials and not stale):
         return standing(every, records, read_defaults(folder))
     if before.valid:
         display.say(_resuming(before, folder))

@@ -237,3 +237,25 @@ def test_the_timeout_bounds_builds_as_it_bounds_runs() -> None:
 
     assert autotvm._builder(Runner(timeout=3.5)).timeout == 3.5
     assert ansor._seconds(Runner(timeout=0.2)) == 1 and ansor._seconds(Runner(timeout=7.5)) == 8
+
+
+def test_a_tune_with_its_budget_spent_measures_the_defaults_an_older_version_left(
+    tuned, tiny, tmp_path
+) -> None:
+    """Compile says ``relay-tasks tune`` measures stale defaults again: so it does, even when
+    the work dir already holds the measurements asked for (and measures nothing more)."""
+    import json
+
+    from relay_tasks.tuning.defaults import DEFAULTS_FILE, read_defaults, stale_defaults
+
+    work = tmp_path / "work"
+    shutil.copytree(tuned["autotvm"], work)
+    keys = set(read_defaults(work))
+    lines = [json.dumps({"task": key, "seconds": 1e-9, "version": 2}) + "\n" for key in keys]
+    (work / DEFAULTS_FILE).write_text("".join(lines))
+    before = valid_count(work, "autotvm")
+    assert keys and stale_defaults(work) == keys
+    assert main(tune_argv(tiny, "autotvm", work, before)) == 0
+    assert stale_defaults(work) == set() and set(read_defaults(work)) == keys
+    assert all(seconds > 1e-9 for seconds in read_defaults(work).values())
+    assert valid_count(work, "autotvm") == before
