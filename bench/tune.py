@@ -27,9 +27,12 @@ Upstream's loops, as their tutorials run them: MetaSchedule ``relay_integration.
 ``XGBTuner`` per task (``n_trial`` = budget / tasks, capped by its config space, early
 stopping at 600 as the tutorial has it) with ``LocalRunner``, then ``apply_history_best``;
 Ansor ``extract_tasks`` and its ``TaskScheduler`` (gradient, by weight), then
-``ApplyHistoryBest``. Ours: ``relay-tasks tune`` and ``relay-tasks compile``, each a whole
-process (Python's start and imports are in our tuning time, not in upstream's). Tuning time
-includes each side's task extraction.
+``ApplyHistoryBest``. On hhb-tvm every measurement of AutoTVM's ``LocalRunner`` fails
+(``RUNTIME_DEVICE``: the RPC server it starts cannot load the library its client uploads,
+``.so`` or ``.tar``), so upstream's AutoTVM build is its untuned one; the bench runs the loop as
+the tutorial has it all the same and prints what it gives. Ours: ``relay-tasks tune`` and
+``relay-tasks compile``, each a whole process (Python's start and imports are in our tuning
+time, not in upstream's). Tuning time includes each side's task extraction.
 """
 
 from __future__ import annotations
