@@ -345,7 +345,8 @@ def simplify_locally(
     the pass on the whole graph would stop there too: the rewrites are local, each one here is
     TVM's own, and applying them in another order reaches the same fixed point (checked against
     the whole-graph pass on every model and on random graphs in the tests). A flagged call left
-    unchanged (the screens over-include) sends the whole graph to TVM, as before.
+    unchanged (the screens over-include) sends the whole graph to TVM, as before, and so does
+    an ``add(x, x)`` that :func:`_duplicates_below`.
     """
     for _ in range(_LOCAL_ROUNDS):
         if flagged is None:
@@ -353,7 +354,7 @@ def simplify_locally(
         updates = {}
         settled = typed = True
         for gvar, calls in flagged.items():
-            if calls is None:
+            if calls is None or _duplicates_below(mod[gvar], calls):
                 return None
             if calls:
                 own = _own_rewrites(calls, screens)
@@ -383,6 +384,36 @@ def simplify_locally(
             return mod
         flagged = None
     return None
+
+
+def _duplicates_below(func: relay.Function, calls: list[relay.Call]) -> bool:
+    """Whether a flagged ``add(x, x)`` has below it a node that other calls use too: TVM's
+    ``SimplifyAdd`` builds its ``multiply(x, 2)`` on the ``x`` it matched before the round
+    rebuilt the graph, so the whole graph comes out with each such node computed twice (which
+    FuseOps then sees), and a cut, which ends above them, cannot show that."""
+    adds = [call for call in calls if _add_self(call)]
+    if not adds:
+        return False
+    reads = reads_of(func)
+    users: dict[int, set[int]] = {}
+    for node in reads.nodes:
+        for child in reads.children(node) or ():
+            users.setdefault(node_key(child), set()).add(node_key(node))
+    for add in adds:
+        below: set[int] = set()
+        stack = [_args(add)[0]]
+        while stack:
+            node = stack.pop()
+            if node_key(node) in below or not isinstance(node, _COMPUTED):
+                continue
+            below.add(node_key(node))
+            stack += reads.children(node) or ()
+        if any(users.get(key, set()) - below - {node_key(add)} for key in below):
+            return True
+    return False
+
+
+_COMPUTED = (relay.Call, relay.Tuple, relay.TupleGetItem)
 
 
 #: How far above a rewritten call a screen's answer can change: a screen reads a call, its
