@@ -31,7 +31,8 @@ BELOW = 4
 #: a reshape); taking users in finishes that in the same run instead of another round.
 ABOVE = 2
 
-_INNER = (relay.Call, relay.Tuple, relay.TupleGetItem)
+#: The nodes of a dataflow graph that compute something (the rest are leaves).
+COMPUTED = (relay.Call, relay.Tuple, relay.TupleGetItem)
 
 
 def run_on_region(
@@ -89,11 +90,11 @@ class _Graph:
             self.users.setdefault(child, []).append(key)
         if isinstance(node, relay.Call) and not isinstance(kids[0], tvm.ir.Op):
             self.dataflow_only = False
-        elif not isinstance(node, (*_INNER, relay.Var, relay.Constant, tvm.ir.Op)):
+        elif not isinstance(node, (*COMPUTED, relay.Var, relay.Constant, tvm.ir.Op)):
             self.dataflow_only &= node.same_as(self.func)  # no Let, If, Match, inner function
 
     def inner(self, key: int) -> bool:
-        return isinstance(self.nodes.get(key), _INNER)
+        return isinstance(self.nodes.get(key), COMPUTED)
 
     def _below(self, key: int) -> list[int]:
         return [k for k in self.child_keys[key] if self.inner(k)]

@@ -36,7 +36,7 @@ from ..ir import (
 )
 from .fold import array_view, folded_call
 from .placeholders import fill
-from .region import run_on_region
+from .region import COMPUTED, run_on_region
 
 Check = Callable[[relay.Call], bool]
 
@@ -395,25 +395,29 @@ def _duplicates_below(func: relay.Function, calls: list[relay.Call]) -> bool:
     if not adds:
         return False
     reads = reads_of(func)
-    users: dict[int, set[int]] = {}
-    for node in reads.nodes:
-        for child in reads.children(node) or ():
-            users.setdefault(node_key(child), set()).add(node_key(node))
+    users = _users(reads)
     for add in adds:
         below: set[int] = set()
         stack = [_args(add)[0]]
         while stack:
             node = stack.pop()
-            if node_key(node) in below or not isinstance(node, _COMPUTED):
+            if node_key(node) in below or not isinstance(node, COMPUTED):
                 continue
             below.add(node_key(node))
             stack += reads.children(node) or ()
-        if any(users.get(key, set()) - below - {node_key(add)} for key in below):
+        inside = below | {node_key(add)}
+        if any(node_key(u) not in inside for key in below for u in users.get(key, ())):
             return True
     return False
 
 
-_COMPUTED = (relay.Call, relay.Tuple, relay.TupleGetItem)
+def _users(reads: FunctionReads) -> dict[int, list[Any]]:
+    """Each node's users in a function, by the node's key."""
+    users: dict[int, list[Any]] = {}
+    for node in reads.nodes:
+        for child in reads.children(node) or ():
+            users.setdefault(node_key(child), []).append(node)
+    return users
 
 
 #: How far above a rewritten call a screen's answer can change: a screen reads a call, its
@@ -443,10 +447,7 @@ def _flags_near(
     keys = {node_key(node) for node in reads.nodes}
     if any(node_key(old) not in keys for old, _ in replaced):
         return True
-    users: dict[int, list[Any]] = {}
-    for node in reads.nodes:
-        for child in reads.children(node) or ():
-            users.setdefault(node_key(child), []).append(node)
+    users = _users(reads)
     new: dict[int, Any] = {node_key(old): node for old, node in replaced}
     near: set[int] = {node_key(call) for call in flagged}
     frontier = set(new)
