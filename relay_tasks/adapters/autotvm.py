@@ -471,11 +471,17 @@ def _keep(work_dir: Path) -> Callable[[Any, Any, Any], None]:
         records = [
             autotvm.record.encode(inp, res) for inp, res in zip(inputs, results, strict=True)
         ]
-        causes = [failure_cause(str(res.costs[-1]) if res.costs else "")
+        causes = [failure_cause(_report(res.costs[-1]) if res.costs else "")
                   for res in results if res.error_no != 0]  # fmt: skip
         append(work_dir, [(LOG, records), (ERRORS_FILE, cause_lines(causes))])
 
     return keep
+
+
+def _report(cost: Any) -> str:
+    """A failed result's report as lines: a failed build's is a (traceback, error) pair, whose
+    ``str`` is one line of escaped newlines ending in the error."""
+    return "\n".join(map(str, cost)) if isinstance(cost, tuple) else str(cost)
 
 
 def _builder(runner: Runner) -> Any:

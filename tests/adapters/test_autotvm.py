@@ -442,3 +442,15 @@ def test_the_registry_hands_every_option_on() -> None:
     assert {t.target.host for t in plain} == {None}
     with pytest.raises(ModelError, match="unknown AutoTVM option\\(s\\): executor, mode"):
         get_adapter("autotvm").extract(mod, X86, params, mode=1, executor=None)
+
+
+def test_a_failed_builds_cause_is_its_error_not_the_traceback_start() -> None:
+    """AutoTVM reports a failed build as a (traceback, error) pair: the cause kept is the
+    error's line (its ``str`` was one line of escaped newlines, cut at the traceback's start)."""
+    from relay_tasks.adapters.autotvm import _report
+    from relay_tasks.adapters.base import failure_cause
+
+    traceback = 'Traceback (most recent call last):\n  File "measure_methods.py", line 565\n'
+    error = tvm.TVMError("InternalError: Check failed: (bound) is false: group mismatch")
+    assert failure_cause(_report((traceback, error))) == str(error).splitlines()[-1].strip()
+    assert failure_cause(_report("RuntimeError: device lost")) == "RuntimeError: device lost"
