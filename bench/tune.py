@@ -17,6 +17,12 @@ does), as a user of this build would have to.
     python bench/tune.py                                   # dcgan, MetaSchedule, budget 64
     python bench/tune.py --models dcgan resnet-18-112 bert-2 --tuners meta_schedule ansor \\
         --budgets 64 128 256
+    python bench/tune.py --models dcgan-4 --reuse-from dcgan --budgets 16 64
+
+``--reuse-from MODEL`` adds a third side, ``reuse``: ours with ``--reuse`` of a work dir where
+MODEL was tuned (ours, the same tuner, at the largest budget; once, before, not timed), as a
+user tuning a model family reuses the work dir of its first member (``dcgan-4`` is DCGAN at
+batch 4: each of its tasks is a task of DCGAN at another shape).
 
 It prints a table and draws, per model and tuner, the estimated latency against tuning wall
 time for every run, each run's measured latency where its tuning ended, and the untuned
@@ -57,7 +63,9 @@ def _models(folder: Path) -> dict[str, list[str]]:
     from tvm.relay.testing import resnet
 
     folder.mkdir(parents=True, exist_ok=True)
-    made = {"dcgan": ["dcgan"]}
+    from tvm.relay.testing import dcgan
+
+    made = {"dcgan": ["dcgan"], "dcgan-4": _write(folder / "dcgan-4", *dcgan.get_workload(4))}
     resnet18, params = resnet.get_workload(num_layers=18, batch_size=1, image_shape=(3, 112, 112))
     made["resnet-18-112"] = _write(folder / "resnet-18-112", resnet18, params)
     made["bert-2"] = _write(folder / "bert-2", *_bert(2))
@@ -201,12 +209,14 @@ def _upstream(tuner: str, arguments: list[str], budget: int, work: Path) -> dict
     return {"seconds": tuned, "valid": valid, "failed": failed}
 
 
-def _ours(tuner: str, arguments: list[str], budget: int, work: Path) -> dict[str, Any]:
-    """``relay-tasks tune`` then ``compile``, each a process of its own, as a user runs them."""
+def _ours(tuner: str, arguments: list[str], budget: int, work: Path, reuse: tuple[str, ...] = ()
+          ) -> dict[str, Any]:  # fmt: skip
+    """``relay-tasks tune`` (with ``--reuse`` of the work dirs ``reuse``) then ``compile``, each a
+    process of its own, as a user runs them."""
     cli = [sys.executable, "-m", "relay_tasks.cli"]
     started = time.perf_counter()
     _cli([*cli, "tune", *arguments, "--tuner", tuner, "--trials", str(budget), "--work-dir",
-          str(work)])  # fmt: skip
+          str(work), *(["--reuse", *reuse] if reuse else [])])  # fmt: skip
     tuned = time.perf_counter() - started
     _cli([*cli, "compile", *arguments, "--work-dir", str(work), "-o", str(work / "model.so")])
     from relay_tasks.adapters import get_adapter
@@ -318,7 +328,12 @@ def _child(argv: list[str]) -> None:
     work.mkdir(parents=True, exist_ok=True)
     os.chdir(work)  # upstream's Ansor scheduler writes total_latency.tsv where it runs
     try:
-        result = (_upstream if side == "upstream" else _ours)(tuner, arguments, budget, work)
+        if side == "upstream":
+            result = _upstream(tuner, arguments, budget, work)
+        elif side == "reuse":  # the first argument is the work dir reused
+            result = _ours(tuner, arguments[1:], budget, work, reuse=(arguments[0],))
+        else:
+            result = _ours(tuner, arguments, budget, work)
     except Exception as err:  # a loop that fails on this TVM build: say how
         result = {"error": f"{type(err).__name__}: {str(err).splitlines()[-1][:300]}"}
     print("RESULT " + json.dumps(result), flush=True)
@@ -396,7 +411,7 @@ def _plot(path: Path, title: str, rows: list[Any], timed: dict[str, Any]) -> Non
 
 
 #: The bench's models (see :func:`_models`).
-MODELS = ("dcgan", "resnet-18-112", "bert-2")
+MODELS = ("dcgan", "dcgan-4", "resnet-18-112", "bert-2")
 
 
 def busy_loop() -> float:
@@ -408,25 +423,41 @@ def busy_loop() -> float:
     return time.perf_counter() - started
 
 
-def reached(rows: list[Any], tuner: str) -> str:
-    """When ours first estimated upstream's final latency at the largest budget (both read
-    the same way), against upstream's wall time to it; the issue's goal is half of it."""
+def reached(rows: list[Any], tuner: str, side: str = "ours") -> str:
+    """When ``side`` (ours, or ours reusing) first estimated upstream's final latency at the
+    largest budget (both read the same way), against upstream's wall time to it; the issue's
+    goal is half of it."""
     mine = [row for row in rows if row[0] == tuner and "error" not in row[3]]
     upstream = [row for row in mine if row[2] == "upstream" and row[3]["curve"]]
     if not upstream:
         return f"{tuner}: no estimate of upstream's to reach"
     _, budget, _, theirs = max(upstream, key=lambda row: row[1])
     goal, seconds = theirs["curve"][-1][1], theirs["seconds"]
-    times = [t for row in mine if row[2] == "ours" for t, v in row[3]["curve"] if v <= goal]
+    times = [t for row in mine if row[2] == side for t, v in row[3]["curve"] if v <= goal]
     if not times:
-        best = min((v for row in mine if row[2] == "ours" for _, v in row[3]["curve"]),
+        best = min((v for row in mine if row[2] == side for _, v in row[3]["curve"]),
                    default=float("nan"))  # fmt: skip
         return (f"{tuner}: upstream's final estimate at {budget}, {goal * 1e3:.4g} ms after "
-                f"{seconds:.0f} s, not reached (ours at best {best * 1e3:.4g} ms)")  # fmt: skip
+                f"{seconds:.0f} s, not reached ({side} at best {best * 1e3:.4g} ms)")  # fmt: skip
     first = min(times)
     return (f"{tuner}: upstream's final estimate at {budget}, {goal * 1e3:.4g} ms after "
-            f"{seconds:.0f} s, reached by ours after {first:.0f} s "
+            f"{seconds:.0f} s, reached by {side} after {first:.0f} s "
             f"({first / seconds:.0%} of it)")  # fmt: skip
+
+
+def _source(args: argparse.Namespace, tuner: str, models: dict[str, list[str]]) -> Path:
+    """The work dir of ours' tune of ``--reuse-from`` at the largest budget, tuned once."""
+    work: Path = args.out / "runs" / f"source-{args.reuse_from}-{tuner}-{max(args.budgets)}"
+    if not (work / "tasks.json").exists():
+        started = time.perf_counter()
+        _cli([sys.executable, "-m", "relay_tasks.cli", "tune", *models[args.reuse_from], "--tuner",
+              tuner, "--trials", str(max(args.budgets)), "--work-dir", str(work)])  # fmt: skip
+        print(
+            f"reused: {args.reuse_from} tuned by ours ({tuner}, {max(args.budgets)}) in "
+            f"{time.perf_counter() - started:.0f} s, in {work}",
+            flush=True,
+        )
+    return work
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -434,6 +465,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--models", nargs="+", choices=MODELS, default=["dcgan"])
     parser.add_argument("--tuners", nargs="+", choices=TUNERS, default=["meta_schedule"])
     parser.add_argument("--budgets", nargs="+", type=int, default=[64])
+    parser.add_argument(
+        "--reuse-from", choices=MODELS, help="add ours with --reuse of a tune of this model"
+    )
     parser.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "tune-bench")
     return parser
 
@@ -456,12 +490,15 @@ def main() -> None:
             folder = args.out / "defaults" / f"{model}-{tuner}"
             defaults = {"ours": _defaults(tuner, tasks, folder),
                         "upstream": _upstream_defaults(tuner, tasks, folder)}  # fmt: skip
+            source = _source(args, tuner, models) if args.reuse_from else None
             for turn, budget in enumerate(args.budgets):
-                sides = ("upstream", "ours") if turn % 2 == 0 else ("ours", "upstream")
-                for side in sides:
+                sides = ["upstream", "ours"] if turn % 2 == 0 else ["ours", "upstream"]
+                for side in sides + (["reuse"] if source else []):
                     work = args.out / "runs" / f"{model}-{tuner}-{budget}-{side}"
                     shutil.rmtree(work, ignore_errors=True)
-                    result = _side(side, tuner, budget, work, models[model], tasks, defaults[side])
+                    given = [str(source), *models[model]] if side == "reuse" else models[model]
+                    estimate = defaults["upstream" if side == "upstream" else "ours"]
+                    result = _side(side, tuner, budget, work, given, tasks, estimate)
                     rows.append((tuner, budget, side, result))
                     if "error" not in result:
                         libraries[f"{tuner}-{budget}-{side}"] = work / "model.so"
@@ -481,7 +518,8 @@ def main() -> None:
                   f"  {rate:>9.1f}  {median * 1e3:.4g} ({low * 1e3:.4g}-{high * 1e3:.4g})"
                   f"{'':<10}{base[0] * 1e3:.4g}", flush=True)  # fmt: skip
         for tuner in args.tuners:
-            print(f"{model:<15} {reached(rows, tuner)}", flush=True)
+            for side in ("ours", "reuse") if args.reuse_from else ("ours",):
+                print(f"{model:<15} {reached(rows, tuner, side)}", flush=True)
     print(f"machine: busy loop {busy_loop():.2f} s after")
 
 

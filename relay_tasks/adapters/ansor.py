@@ -53,6 +53,7 @@ from .base import (
     Adapter,
     Measurement,
     Runner,
+    Tuned,
     TunerTask,
     cause_lines,
     damaged,
@@ -198,7 +199,7 @@ def tune(
     work_dir: Path,
     runner: Runner,
     defaults: Mapping[str, float] = MappingProxyType({}),
-    teachers: Callable[[], Sequence[TunerTask]] = tuple,
+    teachers: Callable[[], Sequence[Tuned]] = tuple,
 ) -> None:
     """Ansor's task scheduler (gradient, by weight) until the log holds ``trials`` valid
     measurements, starting from the default schedules' latencies (``defaults``, by

@@ -45,6 +45,7 @@ from .base import (
     Adapter,
     Measurement,
     Runner,
+    Tuned,
     TunerTask,
     cause_lines,
     damaged,
@@ -343,7 +344,7 @@ def tune(
     work_dir: Path,
     runner: Runner,
     defaults: Mapping[str, float] = MappingProxyType({}),
-    teachers: Callable[[], Sequence[TunerTask]] = tuple,
+    teachers: Callable[[], Sequence[Tuned]] = tuple,
 ) -> None:
     """XGBTuner per task, until the log holds ``trials`` valid measurements in all, each task's
     share of them by its part of the latency known (``defaults``, the default schedules'

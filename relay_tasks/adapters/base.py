@@ -59,6 +59,15 @@ class Measurement:
 
 
 @dataclass(frozen=True)
+class Tuned:
+    """A task tuned for another model, and the work dir its records are in (this tune's own,
+    which several models may share, or one ``--reuse`` names)."""
+
+    task: TunerTask
+    work_dir: Path
+
+
+@dataclass(frozen=True)
 class Runner:
     """Where measurements run: on this machine, or on devices behind a TVM RPC tracker."""
 
@@ -81,7 +90,8 @@ class Adapter:
       ``work_dir`` holds ``trials`` valid measurements (failed ones are retried, not counted),
       logging as it goes; ``defaults`` are the latencies of the default schedules (by
       ``alternatives_of``), which the allocation of measurements starts from; ``teachers()``
-      the tasks of other models tuned in ``work_dir``, whose records its cost model may learn;
+      the tasks tuned for other models (:class:`Tuned`), whose records its cost model may
+      learn and its search may start similar tasks from;
     - ``measurements(work_dir)``: the records in ``work_dir``, in the order measured, each
       under its task's key (the records name their tasks; standing() matches them to rows);
     - ``flops(native)``: floating-point operations of one call of the task;

@@ -9,6 +9,7 @@ the same over the backend's occurrences: TIR once per distinct function, then up
 from __future__ import annotations
 
 import importlib
+import math
 import re
 import sys
 import time
@@ -39,6 +40,7 @@ from .base import (
     Adapter,
     Measurement,
     Runner,
+    Tuned,
     TunerTask,
     damaged,
     failure_cause,
@@ -289,7 +291,7 @@ def tune(
     work_dir: Path,
     runner: Runner,
     defaults: Mapping[str, float] = MappingProxyType({}),
-    teachers: Callable[[], Sequence[TunerTask]] = tuple,
+    teachers: Callable[[], Sequence[Tuned]] = tuple,
 ) -> None:
     """``ms.tune_tasks`` into a JSON database in ``work_dir`` until it holds ``trials`` valid
     measurements, each round to the task whose part of the estimated latency it is likeliest to
@@ -301,7 +303,9 @@ def tune(
     cost (on DCGAN 15-30 s of search a round of 10): random traces are replayed until then,
     then each task is searched with the model, its population sized by the measurements the
     allocation expects to give it. The cost model first learns the work dir's records of these
-    tasks and of ``teachers()`` (the other models' tasks tuned in it).
+    tasks and of ``teachers()`` (tasks tuned for other models, here or in ``--reuse`` dirs);
+    a task with no records yet starts from the best schedules of its nearest similar tasks
+    (:func:`_starts`).
     """
     register_intrinsics(target)
     records = measurements(work_dir)
@@ -369,22 +373,27 @@ class _Session:
         self.cost_model = ms.cost_model.XGBModel(
             num_warmup_samples=WARMUP, num_tuning_cores=_physical_cores(), tree_method="auto"
         )
+        #: Every tuned task and the database of its records: these tasks, then ``learn``'s.
+        self.tutors: list[tuple[TunerTask, Any]] = [(t, self.database.memory) for t in tasks]
 
-    def learn(self, teachers: Sequence[TunerTask] = ()) -> int:
+    def learn(self, teachers: Sequence[Tuned] = ()) -> int:
         """Teach the cost model the work dir's records of these tasks (an earlier tune's,
-        resumed) and of ``teachers`` (other models' tasks, tuned in the same work dir);
+        resumed) and of ``teachers`` (tasks tuned for other models, here or in other work
+        dirs), who become :attr:`tutors` too;
         returns how many it learnt. MetaSchedule's model is not kept between tunes, and
         without them a resumed tune drew ``WARMUP`` random candidates again before its search
         could use the model (AutoTVM's tuners learn from their whole log so, Ansor's from its
         records of the model's own tasks)."""
         learnt, fed = 0, []
         mine = {t.key for t in self.tasks}
-        others = [t for t in teachers if t.key not in mine]
-        pairs = [(t, self.database.memory) for t in self.tasks]
-        if others:
-            theirs = WorkDatabase(self.work_dir, [t.native.dispatched[0] for t in others])
-            pairs += [(t, theirs.memory) for t in others]
-        for task, memory in pairs:
+        folders: dict[Path, list[TunerTask]] = {}
+        for tuned in teachers:
+            if tuned.task.key not in mine:
+                folders.setdefault(tuned.work_dir, []).append(tuned.task)
+        for folder, theirs in folders.items():
+            memory = WorkDatabase(folder, [t.native.dispatched[0] for t in theirs]).memory
+            self.tutors += [(t, memory) for t in theirs]
+        for task, memory in self.tutors:
             module = task.native.dispatched[0]
             if not memory.has_workload(module):
                 continue
@@ -413,13 +422,18 @@ class _Session:
         self, allocation: Allocation, limit: int, batch: int, strategy: Callable[[int], Any]
     ) -> None:
         """Rounds of ``batch`` candidates, ``strategy(expected measurements)`` searching each
-        task, until ``limit`` candidates were measured (the last round may pass it)."""
+        task, until ``limit`` candidates were measured (the last round may pass it); the first
+        round of a task with no records measures the schedules :func:`_starts` finds it."""
+        measured = {m.key for m in measurements(self.work_dir)}
+        starts = _starts([t for t in self.tasks if t.key not in measured], self.tutors)
         contexts = [
             ms.TuneContext(
                 mod=t.native.dispatched[0],
                 target=self.target,
                 space_generator="post-order-apply",
-                search_strategy=strategy(count),
+                search_strategy=_StartingFrom(strategy(count), starts[t.key])
+                if t.key in starts
+                else strategy(count),
                 task_name=t.native.task_name,
                 logger=logger,
                 rand_state=seed,
@@ -457,6 +471,135 @@ def _physical_cores() -> int:
 
 def _replay(expected: int) -> Any:
     return ms.search_strategy.ReplayTrace()
+
+
+#: Schedules a task with no records starts from, and most of them from one similar task.
+STARTS, STARTS_EACH = 4, 2
+
+
+def _starts(tasks: Sequence[TunerTask], tutors: Sequence[tuple[TunerTask, Any]]
+            ) -> dict[str, list[Any]]:  # fmt: skip
+    """By task key, the traces of the best records of each task's nearest similar tutors.
+
+    Similar: the same fused operators, told by the name MetaSchedule gives a task less the
+    number that tells shapes apart (``fused_nn_conv2d_add_3``); nearest: closest in the shapes
+    of its buffers (:func:`_apart`), then in FLOPs (DCGAN's transposed convolutions all have
+    the same FLOPs, each its own shapes). A
+    trace of one shape replays on another, its tile sizes redrawn where they no longer divide,
+    as MetaSchedule's own search replays them; one that does not replay is dropped where it is
+    used (:class:`_StartingFrom`). Transfer-tuning reports most of a tune's gain from the
+    schedules of similar tasks at a fraction of its search.
+    """
+    by_stem: dict[str, list[tuple[TunerTask, Any]]] = {}
+    for tutor, memory in tutors:
+        by_stem.setdefault(_stem(tutor.native.task_name), []).append((tutor, memory))
+    starts = {}
+    for task in tasks:
+        near = [p for p in by_stem.get(_stem(task.native.task_name), []) if p[0].key != task.key]
+        ranked = sorted((_nearness(task, p[0]), n) for n, p in enumerate(near))
+        traces: list[Any] = []
+        for tutor, memory in (near[n] for _, n in ranked):
+            module = tutor.native.dispatched[0]
+            if memory.has_workload(module):  # its top records are valid ones only
+                best = memory.get_top_k(memory.commit_workload(module), STARTS_EACH)
+                traces += [r.trace for r in best]
+            if len(traces) >= STARTS:
+                break
+        if traces:
+            starts[task.key] = traces[:STARTS]
+    return starts
+
+
+def _stem(name: str) -> str:
+    return re.sub(r"_\d+$", "", name)
+
+
+def _shapes(task: TunerTask) -> list[tuple[int, ...]]:
+    """The shapes of the buffers a task's function takes, in order (a dynamic extent as 1)."""
+    func = task.native.dispatched[0]["main"]
+    return [tuple(int(getattr(d, "value", 1)) for d in func.buffer_map[p].shape)
+            for p in func.params]  # fmt: skip
+
+
+def _nearness(task: TunerTask, tutor: TunerTask) -> tuple[float, float]:
+    """How far ``tutor`` is from ``task``: apart in shapes, then in FLOPs (as |log| of the
+    ratio)."""
+    apart = abs(math.log((flops(tutor.native) + 1) / (flops(task.native) + 1)))
+    return _apart(_shapes(task), _shapes(tutor)), apart
+
+
+def _apart(mine: Sequence[tuple[int, ...]], theirs: Sequence[tuple[int, ...]]) -> float:
+    """How far two tasks' buffer shapes are: the sum of |log| of each extent's ratio, or
+    infinity where the buffers or their ranks differ in number."""
+    if [len(s) for s in mine] != [len(s) for s in theirs]:
+        return math.inf
+    return sum(abs(math.log(max(a, 1) / max(b, 1)))
+               for ours, its in zip(mine, theirs, strict=True)
+               for a, b in zip(ours, its, strict=True))  # fmt: skip
+
+
+# TVM's derived_object replaces the class, which mutation tools cannot instrument.
+@ms.derived_object
+class _StartingFrom(ms.search_strategy.PySearchStrategy):  # type: ignore[misc]  # pragma: no mutate block
+    """``inner``, whose first round measures ``traces`` (other tasks' schedules) replayed on
+    this task, each finished by the task's postprocessors as MetaSchedule's search finishes
+    the records it starts from; those that do not replay or finish are left out. Built when
+    the task is first picked, not before (30 ms a trace)."""
+
+    def __init__(self, inner: Any, traces: Sequence[Any]) -> None:
+        super().__init__()
+        self.inner, self.traces = inner, list(traces)
+        self.context: Any = None
+        self.started = self.own_round = False
+
+    def _initialize_with_tune_context(self, context: Any) -> None:
+        self.context = context
+        self.inner._initialize_with_tune_context(context)
+
+    def pre_tuning(self, max_trials: int, num_trials_per_iter: int, design_spaces: Any,
+                   database: Any = None, cost_model: Any = None) -> None:  # fmt: skip
+        self.inner.pre_tuning(max_trials, num_trials_per_iter, design_spaces, database, cost_model)
+
+    def post_tuning(self) -> None:
+        self.inner.post_tuning()
+
+    def generate_measure_candidates(self) -> Any:
+        if not self.started:
+            self.started = True
+            first = _replayed(self.context, self.traces)
+            if first:
+                self.own_round = True
+                return first
+        return self.inner.generate_measure_candidates()
+
+    def notify_runner_results(self, candidates: Any, results: Any) -> None:
+        if self.own_round:  # the inner strategy drew none of these
+            self.own_round = False
+            return
+        self.inner.notify_runner_results(candidates, results)
+
+    def clone(self) -> Any:
+        return _StartingFrom(self.inner.clone(), self.traces)
+
+
+def _replayed(context: Any, traces: Sequence[Any]) -> list[Any]:
+    """Measure candidates of ``context``'s task from ``traces`` of other tasks, distinct."""
+    postprocs = context.space_generator.postprocs
+    candidates, seen = [], set()
+    for trace in traces:
+        schedule = tvm.tir.Schedule(context.mod, error_render_level="none")
+        try:
+            trace.apply_to_schedule(schedule, remove_postproc=True)
+            schedule.enter_postproc()
+            finished = all(p.apply(schedule) for p in postprocs)
+        except tvm.TVMError:
+            continue
+        key = workload_key(schedule.mod)
+        if finished and key not in seen:
+            seen.add(key)
+            info = ms.arg_info.ArgInfo.from_entry_func(schedule.mod, remove_preproc=True)
+            candidates.append(ms.MeasureCandidate(schedule, info))
+    return candidates
 
 
 def _task_records(scheduler: Any) -> Any:

@@ -121,7 +121,7 @@ def tune(
         display.say(_resuming(before, folder))
     if len(tasks) < len(every):
         document = tasks_document(tasks, tuner=adapter.name, target=tgt, models=_models(tasks))
-    stopped = _run_worker(adapter, tasks, folder, trials, runner, document, display)
+    stopped = _run_worker(adapter, tasks, folder, trials, runner, document, display, reuse)
     after = standing(tasks, adapter.measurements(folder))
     if stopped is not None:
         raise TuningInterrupted(
@@ -327,6 +327,7 @@ def _run_worker(
     runner: Runner,
     document: dict[str, Any],
     display: _Progress,
+    reuse: Sequence[str | Path] = (),
 ) -> int | None:
     """Run the worker to the end, or until a signal; returns that signal's number, if any.
 
@@ -346,7 +347,8 @@ def _run_worker(
         own = Path(scratch) / TASKS_FILE
         own.write_text(dumps(document) + "\n")
         command = [sys.executable, "-I", "-m", "relay_tasks.tuning.worker", str(folder.resolve()),
-                   str(own), str(trials), json.dumps(asdict(runner)), str(os.getpid())]  # fmt: skip
+                   str(own), str(trials), json.dumps(asdict(runner)), str(os.getpid()),
+                   json.dumps([str(Path(p).resolve()) for p in reuse])]  # fmt: skip
         log.write(f"\n=== relay-tasks tune, {time.strftime('%Y-%m-%d %H:%M:%S')} ===\n".encode())
         log.flush()
         child = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log,

@@ -1,5 +1,5 @@
 """The tuning child process: ``python -m relay_tasks.tuning.worker WORK_DIR TASKS TRIALS RUNNER
-PARENT``.
+PARENT REUSE``.
 
 Reads its task file (data, checked like any task file), tunes into the work dir, and on
 failure says why in one marked line for the supervisor (:mod:`relay_tasks.tuning.tune`). It runs
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..adapters import Adapter, TunerTask, get_adapter
-from ..adapters.base import Runner, valid_for
+from ..adapters.base import Runner, Tuned, valid_for
 from ..errors import describe_failure
 from ..export import load_tasks
 from .defaults import measure_defaults, read_defaults
@@ -32,6 +32,7 @@ from .tune import failure_mark, tasks_in
 def main(argv: list[str]) -> int:
     folder, tasks, trials, runner = Path(argv[0]), Path(argv[1]), int(argv[2]), json.loads(argv[3])
     watch_parent(int(argv[4]))
+    reuse = [Path(p) for p in json.loads(argv[5])]
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, force=True)
     try:
         loaded = load_tasks(tasks)
@@ -41,7 +42,7 @@ def main(argv: list[str]) -> int:
         if tracker is None:  # a device's defaults would be measured on it: not done yet
             measure_defaults(adapter, loaded.tasks, loaded.target, folder)
         tune_until(adapter, loaded.tasks, loaded.target, trials, folder, options,
-                   teachers=lambda: other_tunes(folder, loaded.tasks))  # fmt: skip
+                   teachers=lambda: other_tunes(folder, loaded.tasks, reuse))  # fmt: skip
     except Exception as err:
         traceback.print_exc()
         print(f"{failure_mark(os.getpid())}{describe_failure(err)}", file=sys.stderr, flush=True)
@@ -56,13 +57,13 @@ def tune_until(
     trials: int,
     folder: Path,
     runner: Runner,
-    teachers: Callable[[], Sequence[TunerTask]] = tuple,
+    teachers: Callable[[], Sequence[Tuned]] = tuple,
 ) -> None:
     """Tuners spend their budget on attempts, failed ones included; passes go on until the
     records hold ``trials`` valid measurements, or ``BARREN_PASSES`` passes in a row add none
     (the supervisor then reports the failures). One barren pass is no verdict: Ansor's small
-    rounds can draw only states that fail to instantiate. ``teachers`` gives the tasks of the
-    work dir's other tunes, whose records a tuner's cost model may learn from."""
+    rounds can draw only states that fail to instantiate. ``teachers`` gives the tasks tuned
+    for other models, whose records a tuner may learn from."""
     valid, barren = _valid(adapter, tasks, folder), 0
     while valid < trials and barren < BARREN_PASSES:
         adapter.tune(tasks, target, trials, folder, runner, defaults=read_defaults(folder),
@@ -75,11 +76,13 @@ def tune_until(
 BARREN_PASSES = 3
 
 
-def other_tunes(folder: Path, tasks: Sequence[TunerTask]) -> list[TunerTask]:
-    """The tasks of ``folder``'s tunes of other models (each derived again from its task file,
-    checked as any is), less ``tasks``."""
+def other_tunes(folder: Path, tasks: Sequence[TunerTask], reuse: Sequence[Path] = ()
+                ) -> list[Tuned]:  # fmt: skip
+    """The tasks of ``folder``'s tunes of other models and of the work dirs ``reuse`` names
+    (each derived again from its task file, checked as any is), less ``tasks``."""
     keys = {t.key for t in tasks}
-    return [t for t in tasks_in(folder).tasks if t.key not in keys]
+    return [Tuned(t, where) for where in (folder, *reuse) for t in tasks_in(where).tasks
+            if t.key not in keys]  # fmt: skip
 
 
 #: Seconds between two looks for the supervisor.

@@ -486,3 +486,56 @@ def test_the_schedule_rules_find_their_intrinsics_and_only_the_targets_are_impor
                           capture_output=True, text=True, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == str(modules)
+
+
+def test_a_task_starts_from_the_best_schedules_of_its_nearest_similar_tasks() -> None:
+    """Tutors of the same operators (the task name less its shape number), nearest in buffer
+    shapes first (a dense of about the same FLOPs but other shapes after one of 1.5 times
+    the FLOPs), at most ``STARTS_EACH`` records of each, their fastest valid ones; another
+    operator's records and the task's own give none."""
+    from relay_tasks import host_target
+    from relay_tasks.adapters.meta_schedule import (
+        STARTS,
+        STARTS_EACH,
+        _starts,
+        _with_num_cores,
+        register_intrinsics,
+    )
+
+    adapter, target = get_adapter("meta_schedule"), host_target()
+    register_intrinsics(target)
+
+    def task(rows: int, depth: int, relu: bool = True):
+        data, weight = relay.var("x", shape=(rows, depth)), relay.var("w", shape=(16, depth))
+        body = relay.nn.dense(data, weight)
+        body = relay.nn.relu(body) if relu else body
+        mod = tvm.IRModule.from_expr(relay.Function([data, weight], body))
+        w = np.ones((16, depth), "float32")
+        [found] = adapter.extract(mod, target, {"w": w})
+        return found
+
+    me, near, decoy, far = task(2, 32), task(3, 32), task(1, 64), task(16, 32)
+    other = task(3, 32, relu=False)
+    assert len({t.native.task_name for t in (me, near, decoy, far, other)}) == 2
+    size = {t.key: adapter.flops(t.native) for t in (me, near, decoy)}
+    assert abs(size[decoy.key] - size[me.key]) < abs(size[near.key] - size[me.key]) / 10
+    memory = ms.database.MemoryDatabase()
+    origin = {}
+    for tutor in (me, near, decoy, far, other):
+        module = tutor.native.dispatched[0]
+        context = ms.TuneContext(mod=module, target=_with_num_cores(target),
+                                 space_generator="post-order-apply",
+                                 search_strategy="replay-trace", num_threads=1)  # fmt: skip
+        workload = memory.commit_workload(module)
+        info = ms.arg_info.ArgInfo.from_entry_func(module, remove_preproc=True)
+        for n, space in enumerate(context.generate_design_space()[:3]):
+            secs = 1e10 if n == 0 else 1e-5 * n  # MetaSchedule's mark of a failed measurement
+            memory.commit_tuning_record(ms.database.TuningRecord(
+                space.trace, workload, [tvm.tir.FloatImm("float32", secs)], target, info))  # fmt: skip
+            origin[str(space.trace)] = (tutor.key, n)
+    tutors = [(t, memory) for t in (other, far, decoy, near, me)]
+    starts = _starts([me], tutors)
+    assert [origin[str(t)] for t in starts[me.key]] == [
+        (near.key, 1), (near.key, 2), (decoy.key, 1), (decoy.key, 2), (far.key, 1)
+    ][:STARTS] and STARTS_EACH == 2  # fmt: skip
+    assert _starts([other], [(t, memory) for t in (me, near, decoy)]) == {}

@@ -262,7 +262,8 @@ def test_a_metaschedule_tune_of_another_model_learns_the_work_dirs_records_first
     tasks = adapter.extract(mod, target, params)
     teachers = other_tunes(work, tasks)
     tiny = [m.key for m in adapter.measurements(work)]
-    assert teachers and {t.key for t in teachers} == set(tiny)
+    assert teachers and {t.task.key for t in teachers} == set(tiny)
+    assert {t.work_dir for t in teachers} == {work}
     assert not {t.key for t in tasks} & set(tiny)
     learnt: list[int] = []
     drawn: list[int] = []
@@ -274,3 +275,36 @@ def test_a_metaschedule_tune_of_another_model_learns_the_work_dirs_records_first
     monkeypatch.setattr(meta_schedule, "WARMUP", before)
     tune_until(adapter, tasks, target, 2, work, Runner(), teachers=lambda: teachers)
     assert learnt == [before] and drawn == []
+
+
+def test_a_metaschedule_task_without_records_starts_from_a_similar_tasks_best_schedule(
+    tuned, tmp_path
+) -> None:
+    """The tiny model at batch 2 tuned with ``reuse`` naming the batch-1 work dir: its dense is
+    another task (another shape) of the same operators, so its first measurement is the
+    batch-1 task's best schedule, replayed on it (tile sizes redrawn where 2 rows no longer
+    divide as 1 did), not a random one."""
+    from relay_tasks import host_target, tune
+    from relay_tasks.adapters import get_adapter
+    from relay_tasks.adapters.database import WorkDatabase
+    from relay_tasks.loaders import load_model
+    from relay_tasks.tuning.tune import tasks_in
+
+    from tuned_models import write_tiny
+
+    source = _copy(tuned, "meta_schedule", tmp_path)
+    text, weights = write_tiny(tmp_path, batch=2)
+    mod, params = load_model(text, params=weights)
+    adapter, target = get_adapter("meta_schedule"), host_target()
+    [task] = adapter.extract(mod, target, params)
+    [tutor] = tasks_in(source).tasks
+    assert tutor.key != task.key and tutor.name == task.name
+    memory = WorkDatabase(source, [tutor.native.dispatched[0]]).memory
+    [best] = memory.get_top_k(memory.commit_workload(tutor.native.dispatched[0]), 1)
+    replayed = tvm.tir.Schedule(task.native.dispatched[0])
+    best.trace.apply_to_schedule(replayed, remove_postproc=True)
+
+    work = tmp_path / "batch2"
+    tune([task], target, tuner="meta_schedule", trials=1, work_dir=work, reuse=[source])
+    first = json.loads((work / "database_tuning_record.json").read_text().splitlines()[0])
+    assert first[1][0][1] == json.loads(json.dumps(replayed.trace.as_json()[1], default=int))
