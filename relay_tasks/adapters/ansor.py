@@ -616,10 +616,29 @@ def _trace(name: str, task: Task) -> None:
             f"({describe_failure(err)}); upstream's extraction fails here too: give the model "
             "static input shapes"
         ) from err
-    if static:
-        upstream.auto_schedule_topi(name, outputs)
-    else:
+    if not static:
         warn_skipped_dynamic(task, "Ansor")
+    elif _computes_only(outputs):
+        upstream.auto_schedule_topi(name, outputs)
+
+
+def _computes_only(outputs: Sequence[te.Tensor]) -> bool:
+    """Whether Ansor's ``ComputeDAG`` can take what computes ``outputs``: compute ops down to
+    placeholders, nothing else. Its hook would fail on anything else and give no task, as it
+    does, but only after raising a TVM error, whose first backtrace in a process costs 0.17 s
+    (x86's concatenate of static shapes is an extern op: the Llama decoder's one was half of
+    its Ansor extraction)."""
+    seen: set[int] = set()
+    stack = [t.op for t in outputs]
+    while stack:
+        op = stack.pop()
+        if op.handle.value in seen or isinstance(op, te.PlaceholderOp):
+            continue
+        if not isinstance(op, te.ComputeOp):
+            return False
+        seen.add(op.handle.value)
+        stack += [t.op for t in op.input_tensors]
+    return True
 
 
 def _search_task(**kwargs: Any) -> auto_scheduler.SearchTask:
