@@ -103,7 +103,9 @@ class Adapter:
       apply although its search never writes it (checks that need the tasks; the rest are
       ``measurements``'), before any tuner reads the work dir;
     - ``adopt(tasks, source, work_dir)``: copy the valid records of ``tasks`` from the work dir
-      ``source`` (tuned for other models) into ``work_dir``, unless already there; how many.
+      ``source`` (tuned for other models) into ``work_dir``, unless already there; how many;
+    - ``similar(tasks, tuned)``: how many of ``tasks`` its tune starts from the records of
+      similar tasks among ``tuned`` (:class:`Tuned`), where it does.
     """
 
     name: str
@@ -122,6 +124,9 @@ class Adapter:
     )
     adopt: Callable[[Sequence[TunerTask], Path, Path], int] = field(
         default=lambda tasks, source, work_dir: 0, repr=False
+    )
+    similar: Callable[[Sequence[TunerTask], Sequence[Tuned]], int] = field(
+        default=lambda tasks, tuned: 0, repr=False
     )
 
 

@@ -890,6 +890,28 @@ def adopt(tasks: Sequence[TunerTask], source: Path, work_dir: Path) -> int:
     return WorkDatabase(work_dir, [t.native.dispatched[0] for t in tasks]).adopt(source)
 
 
+def similar(tasks: Sequence[TunerTask], tuned: Sequence[Tuned]) -> int:
+    """How many of ``tasks`` have a similar task (:func:`_starts`) with valid records among
+    ``tuned``: those a tune starts from their schedules."""
+    valid: dict[Path, set[str]] = {}
+    for where in {t.work_dir for t in tuned}:
+        valid[where] = {m.key for m in measurements(where) if m.valid}
+    stems = {_stem(t.task.native.task_name) for t in tuned if t.task.key in valid[t.work_dir]}
+    return sum(_stem(t.native.task_name) in stems for t in tasks)
+
+
 ADAPTER = Adapter(
-    NAME, extract, encode, decode, key, merge, tune, measurements, flops, build, LOGS, adopt=adopt
+    NAME,
+    extract,
+    encode,
+    decode,
+    key,
+    merge,
+    tune,
+    measurements,
+    flops,
+    build,
+    LOGS,
+    adopt=adopt,
+    similar=similar,
 )

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from ..adapters import ADAPTERS, Adapter, TunerTask, get_adapter
-from ..adapters.base import Runner, merge_equal
+from ..adapters.base import Runner, Tuned, merge_equal
 from ..adapters.journal import locked, open_appending, set_aside_cut_line
 from ..errors import ModelError, TuningError, TuningInterrupted, UsageError, describe_text
 from ..export import TaskFile, dumps, load_tasks, tasks_document
@@ -146,9 +146,11 @@ def _reused(
     sources: Sequence[str | Path],
 ) -> tuple[Sequence[TunerTask], str]:
     """Copy the valid records of ``tasks`` from the work dirs ``sources`` (each tuned with this
-    tuner for this target); returns the tasks still to tune and what was reused, in words."""
+    tuner for this target); returns the tasks still to tune and what was reused, in words (how
+    many tasks start from similar ones' schedules too)."""
     done: set[str] = set()
     copied = 0
+    tuned: list[Tuned] = []
     for source in map(Path, sources):
         if source.resolve() == folder.resolve():
             raise UsageError(f"--reuse {source} is the --work-dir itself; name other work dirs")
@@ -163,11 +165,18 @@ def _reused(
         copied += adapter.adopt(tasks, source, folder)
         done |= {r.task.key for r in standing(tasks, adapter.measurements(source)).tasks
                  if r.valid}  # fmt: skip
+        tuned += [Tuned(t, source) for t in tasks_in(source).tasks]
     left = [t for t in tasks if t.key not in done]
-    if not done:
-        return left, ""
-    return left, (f"relay-tasks: reusing the records of {len(done)} of {len(tasks)} tasks "
-                  f"({copied} copied); they are not tuned again")  # fmt: skip
+    said = []
+    if done:
+        said.append(f"reusing the records of {len(done)} of {len(tasks)} tasks ({copied} copied); "
+                    "they are not tuned again")  # fmt: skip
+    similar = adapter.similar(left, tuned) if left else 0
+    if similar:
+        verb = "starts" if similar == 1 else "start"
+        said.append(f"{similar} of {len(left)} task{'s' * (len(left) > 1)} to tune {verb} from "
+                    "the best schedules of similar tasks tuned there")  # fmt: skip
+    return left, "relay-tasks: " + "; ".join(said) if said else ""
 
 
 def file_tasks(folder: Path, document: dict[str, Any]) -> None:

@@ -278,12 +278,12 @@ def test_a_metaschedule_tune_of_another_model_learns_the_work_dirs_records_first
 
 
 def test_a_metaschedule_task_without_records_starts_from_a_similar_tasks_best_schedule(
-    tuned, tmp_path
+    tuned, tmp_path, capsys
 ) -> None:
     """The tiny model at batch 2 tuned with ``reuse`` naming the batch-1 work dir: its dense is
     another task (another shape) of the same operators, so its first measurement is the
     batch-1 task's best schedule, replayed on it (tile sizes redrawn where 2 rows no longer
-    divide as 1 did), not a random one."""
+    divide as 1 did), not a random one; the tune says so first."""
     from relay_tasks import host_target, tune
     from relay_tasks.adapters import get_adapter
     from relay_tasks.adapters.database import WorkDatabase
@@ -308,3 +308,5 @@ def test_a_metaschedule_task_without_records_starts_from_a_similar_tasks_best_sc
     tune([task], target, tuner="meta_schedule", trials=1, work_dir=work, reuse=[source])
     first = json.loads((work / "database_tuning_record.json").read_text().splitlines()[0])
     assert first[1][0][1] == json.loads(json.dumps(replayed.trace.as_json()[1], default=int))
+    assert ("relay-tasks: 1 of 1 task to tune starts from the best schedules of similar tasks "
+            "tuned there") in capsys.readouterr().err  # fmt: skip
