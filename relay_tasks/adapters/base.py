@@ -105,7 +105,7 @@ class Adapter:
     - ``adopt(tasks, source, work_dir)``: copy the valid records of ``tasks`` from the work dir
       ``source`` (tuned for other models) into ``work_dir``, unless already there; how many;
     - ``similar(tasks, tuned)``: how many of ``tasks`` its tune starts from the records of
-      similar tasks among ``tuned`` (:class:`Tuned`), where it does.
+      similar tasks among ``tuned()`` (:class:`Tuned`), where it does.
     """
 
     name: str
@@ -125,7 +125,7 @@ class Adapter:
     adopt: Callable[[Sequence[TunerTask], Path, Path], int] = field(
         default=lambda tasks, source, work_dir: 0, repr=False
     )
-    similar: Callable[[Sequence[TunerTask], Sequence[Tuned]], int] = field(
+    similar: Callable[[Sequence[TunerTask], Callable[[], Sequence[Tuned]]], int] = field(
         default=lambda tasks, tuned: 0, repr=False
     )
 

@@ -484,29 +484,33 @@ def _starts(tasks: Sequence[TunerTask], tutors: Sequence[tuple[TunerTask, Any]]
     Similar: the same fused operators, told by the name MetaSchedule gives a task less the
     number that tells shapes apart (``fused_nn_conv2d_add_3``); nearest: closest in the shapes
     of its buffers (:func:`_apart`), then in FLOPs (DCGAN's transposed convolutions all have
-    the same FLOPs, each its own shapes). A
-    trace of one shape replays on another, its tile sizes redrawn where they no longer divide,
-    as MetaSchedule's own search replays them; one that does not replay is dropped where it is
+    the same FLOPs, each its own shapes); only tutors with valid records count. A trace of one
+    shape replays on another, its tile sizes redrawn where they no longer divide, as
+    MetaSchedule's own search replays them; one that does not replay is dropped where it is
     used (:class:`_StartingFrom`). Transfer-tuning reports most of a tune's gain from the
     schedules of similar tasks at a fraction of its search.
     """
-    by_stem: dict[str, list[tuple[TunerTask, Any]]] = {}
+    best: dict[str, list[Any]] = {}  # by tutor: the traces of its best records
+    by_stem: dict[str, list[TunerTask]] = {}
     for tutor, memory in tutors:
-        by_stem.setdefault(_stem(tutor.native.task_name), []).append((tutor, memory))
+        module = tutor.native.dispatched[0]
+        if tutor.key in best or not memory.has_workload(module):
+            continue
+        top = memory.get_top_k(memory.commit_workload(module), STARTS_EACH)  # valid ones only
+        traces = [r.trace for r in top]
+        if traces:
+            best[tutor.key] = traces
+            by_stem.setdefault(_stem(tutor.native.task_name), []).append(tutor)
+    sizes: dict[str, tuple[list[tuple[int, ...]], float]] = {}
+    for task in [*tasks, *(t for near in by_stem.values() for t in near)]:
+        sizes.setdefault(task.key, (_shapes(task), flops(task.native)))
     starts = {}
     for task in tasks:
-        near = [p for p in by_stem.get(_stem(task.native.task_name), []) if p[0].key != task.key]
-        ranked = sorted((_nearness(task, p[0]), n) for n, p in enumerate(near))
-        traces: list[Any] = []
-        for tutor, memory in (near[n] for _, n in ranked):
-            module = tutor.native.dispatched[0]
-            if memory.has_workload(module):  # its top records are valid ones only
-                best = memory.get_top_k(memory.commit_workload(module), STARTS_EACH)
-                traces += [r.trace for r in best]
-            if len(traces) >= STARTS:
-                break
-        if traces:
-            starts[task.key] = traces[:STARTS]
+        near = [t for t in by_stem.get(_stem(task.native.task_name), []) if t.key != task.key]
+        near.sort(key=lambda t: _nearness(sizes[task.key], sizes[t.key]))
+        found = [trace for t in near for trace in best[t.key]][:STARTS]
+        if found:
+            starts[task.key] = found
     return starts
 
 
@@ -521,11 +525,11 @@ def _shapes(task: TunerTask) -> list[tuple[int, ...]]:
             for p in func.params]  # fmt: skip
 
 
-def _nearness(task: TunerTask, tutor: TunerTask) -> tuple[float, float]:
-    """How far ``tutor`` is from ``task``: apart in shapes, then in FLOPs (as |log| of the
-    ratio)."""
-    apart = abs(math.log((flops(tutor.native) + 1) / (flops(task.native) + 1)))
-    return _apart(_shapes(task), _shapes(tutor)), apart
+def _nearness(task: tuple[Sequence[tuple[int, ...]], float],
+              tutor: tuple[Sequence[tuple[int, ...]], float]) -> tuple[float, float]:  # fmt: skip
+    """How far a tutor is from a task, each as (buffer shapes, FLOPs): apart in shapes, then
+    in FLOPs (as |log| of their ratio)."""
+    return _apart(task[0], tutor[0]), abs(math.log((tutor[1] + 1) / (task[1] + 1)))
 
 
 def _apart(mine: Sequence[tuple[int, ...]], theirs: Sequence[tuple[int, ...]]) -> float:
@@ -890,13 +894,14 @@ def adopt(tasks: Sequence[TunerTask], source: Path, work_dir: Path) -> int:
     return WorkDatabase(work_dir, [t.native.dispatched[0] for t in tasks]).adopt(source)
 
 
-def similar(tasks: Sequence[TunerTask], tuned: Sequence[Tuned]) -> int:
+def similar(tasks: Sequence[TunerTask], tuned: Callable[[], Sequence[Tuned]]) -> int:
     """How many of ``tasks`` have a similar task (:func:`_starts`) with valid records among
-    ``tuned``: those a tune starts from their schedules."""
+    ``tuned()``: those a tune starts from their schedules."""
+    others = tuned()
     valid: dict[Path, set[str]] = {}
-    for where in {t.work_dir for t in tuned}:
+    for where in {t.work_dir for t in others}:
         valid[where] = {m.key for m in measurements(where) if m.valid}
-    stems = {_stem(t.task.native.task_name) for t in tuned if t.task.key in valid[t.work_dir]}
+    stems = {_stem(t.task.native.task_name) for t in others if t.task.key in valid[t.work_dir]}
     return sum(_stem(t.native.task_name) in stems for t in tasks)
 
 

@@ -27,6 +27,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -150,7 +151,6 @@ def _reused(
     many tasks start from similar ones' schedules too)."""
     done: set[str] = set()
     copied = 0
-    tuned: list[Tuned] = []
     for source in map(Path, sources):
         if source.resolve() == folder.resolve():
             raise UsageError(f"--reuse {source} is the --work-dir itself; name other work dirs")
@@ -165,18 +165,23 @@ def _reused(
         copied += adapter.adopt(tasks, source, folder)
         done |= {r.task.key for r in standing(tasks, adapter.measurements(source)).tasks
                  if r.valid}  # fmt: skip
-        tuned += [Tuned(t, source) for t in tasks_in(source).tasks]
     left = [t for t in tasks if t.key not in done]
     said = []
     if done:
         said.append(f"reusing the records of {len(done)} of {len(tasks)} tasks ({copied} copied); "
                     "they are not tuned again")  # fmt: skip
+    tuned = partial(tuned_in, sources)  # read only by a tuner that starts from similar tasks
     similar = adapter.similar(left, tuned) if left else 0
     if similar:
         verb = "starts" if similar == 1 else "start"
         said.append(f"{similar} of {len(left)} task{'s' * (len(left) > 1)} to tune {verb} from "
                     "the best schedules of similar tasks tuned there")  # fmt: skip
     return left, "relay-tasks: " + "; ".join(said) if said else ""
+
+
+def tuned_in(work_dirs: Sequence[str | Path]) -> list[Tuned]:
+    """The tasks every tune of each of ``work_dirs`` tuned (:func:`tasks_in`), each with it."""
+    return [Tuned(t, Path(w)) for w in work_dirs for t in tasks_in(w).tasks]
 
 
 def file_tasks(folder: Path, document: dict[str, Any]) -> None:

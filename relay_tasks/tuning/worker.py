@@ -26,7 +26,7 @@ from ..adapters.base import Runner, Tuned, valid_for
 from ..errors import describe_failure
 from ..export import load_tasks
 from .defaults import measure_defaults, read_defaults
-from .tune import failure_mark, tasks_in
+from .tune import failure_mark, tuned_in
 
 
 def main(argv: list[str]) -> int:
@@ -81,8 +81,7 @@ def other_tunes(folder: Path, tasks: Sequence[TunerTask], reuse: Sequence[Path] 
     """The tasks of ``folder``'s tunes of other models and of the work dirs ``reuse`` names
     (each derived again from its task file, checked as any is), less ``tasks``."""
     keys = {t.key for t in tasks}
-    return [Tuned(t, where) for where in (folder, *reuse) for t in tasks_in(where).tasks
-            if t.key not in keys]  # fmt: skip
+    return [t for t in tuned_in([folder, *reuse]) if t.task.key not in keys]
 
 
 #: Seconds between two looks for the supervisor.
