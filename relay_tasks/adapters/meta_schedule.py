@@ -316,10 +316,11 @@ def tune(
     allocation = Allocation(tasks, records, defaults)
     warm = min(budget, max(0, WARMUP - session.learn(teachers())))
     if warm:
-        session.phase(allocation, warm, _round(warm, WARM_BATCH), _replay)
-    left = trials - valid_for(tasks, measurements(work_dir))
+        session.phase(allocation, warm, _round(warm, WARM_BATCH), _replay, records)
+        records = measurements(work_dir)
+    left = trials - valid_for(tasks, records)
     if left > 0:
-        session.phase(allocation, left, _round(left, BATCH), _search)
+        session.phase(allocation, left, _round(left, BATCH), _search, records)
 
 
 #: The modules registering the tensor intrinsics that MetaSchedule's default schedule rules
@@ -419,12 +420,18 @@ class _Session:
         return learnt
 
     def phase(
-        self, allocation: Allocation, limit: int, batch: int, strategy: Callable[[int], Any]
+        self,
+        allocation: Allocation,
+        limit: int,
+        batch: int,
+        strategy: Callable[[int], Any],
+        records: Sequence[Measurement],
     ) -> None:
         """Rounds of ``batch`` candidates, ``strategy(expected measurements)`` searching each
         task, until ``limit`` candidates were measured (the last round may pass it); the first
-        round of a task with no records measures the schedules :func:`_starts` finds it."""
-        measured = {m.key for m in measurements(self.work_dir)}
+        round of a task with no ``records`` (the work dir's, read at its start) measures the
+        schedules :func:`_starts` finds it."""
+        measured = {m.key for m in records}
         starts = _starts([t for t in self.tasks if t.key not in measured], self.tutors)
         contexts = [
             ms.TuneContext(
