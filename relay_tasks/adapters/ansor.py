@@ -15,12 +15,13 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, NamedTuple
 
 import tvm
 from tvm import auto_scheduler, relay, te, topi
@@ -65,6 +66,7 @@ from .base import (
 from .functions import read_source, source_data
 from .journal import adopt_lines, append, records_of
 from .records import ansor_problem
+from .similar import STARTS, STARTS_EACH, Sizes, nearest
 from .untuned import covered_by, untuned_as_without, variants_of, warn_unused
 from .verify import best_agreeing, results, runs_here
 
@@ -204,21 +206,31 @@ def tune(
     """Ansor's task scheduler (gradient, by weight) until the log holds ``trials`` valid
     measurements, starting from the default schedules' latencies (``defaults``, by
     ``alternatives_of``; see :class:`_FromDefaults`); the search effort scales down with the
-    budget. Its cost model learns from the log's records of these tasks (Ansor's reads only
-    the workloads registered in this process), not yet from ``teachers``."""
+    budget. Its cost model first learns the records of these tasks and of ``teachers()``
+    (tasks tuned for other models, here or in ``--reuse`` dirs), and a task with no records
+    starts from the best states of its nearest similar tasks (:class:`_Tutors`)."""
     log = work_dir / LOG
     records = measurements(work_dir)
     budget = trials - valid_for(tasks, records)
     if budget <= 0:
         return
-    # Ansor's cost model reads only records of workloads this process registered: a log of other
-    # models' tasks alone leaves it nothing, which its XGBoost update fails on (np.bincount).
+    natives = [_measurable(t.native) for t in tasks]
+    tutors = _Tutors.of([Tuned(t, work_dir) for t in tasks], teachers())
+    per_round = max(1, min(BATCH, budget // len(tasks)))
+    # Upstream's cost model; it learns from the log only the workloads this process registered,
+    # the tutors' records, which are read here.
+    model = auto_scheduler.XGBModel(num_warmup_sample=len(tasks) * per_round)
+    if tutors.inputs:
+        model.update(tutors.inputs, tutors.results)
     ours = {t.key for t in tasks} & {m.key for m in records}
     scheduler = _FromDefaults(
-        [_measurable(t.native) for t in tasks],
+        natives,
         [t.weight for t in tasks],
         [defaults.get(t.alternatives_of) for t in tasks],
         records,
+        tutors,
+        model,
+        work_dir,
         load_log_file=str(log) if ours else None,
         # Upstream's default writes total_latency.tsv into the current directory.
         callbacks=[
@@ -226,7 +238,8 @@ def tune(
             auto_scheduler.task_scheduler.LogEstimatedLatency(str(work_dir / "total_latency.tsv")),
         ],
     )
-    per_round = max(1, min(BATCH, budget // len(tasks)))
+    preload = [auto_scheduler.PreloadMeasuredStates(str(log))] if ours else None
+    search = _search(max(1, budget // len(tasks)))
     scheduler.tune(
         auto_scheduler.TuningOptions(
             # Ansor's scheduler measures every task before it weighs them: not fewer than that.
@@ -234,10 +247,101 @@ def tune(
             num_measures_per_round=per_round,
             builder=auto_scheduler.LocalBuilder(timeout=_seconds(runner)),  # --timeout bounds both
             runner=_runner(runner),
-            measure_callbacks=[_Keep(work_dir, scheduler)],
+            measure_callbacks=[scheduler.keep],
         ),
-        search_policy_params=_search(max(1, budget // len(tasks))),
+        search_policy=[
+            auto_scheduler.SketchPolicy(t, model, params=search, init_search_callbacks=preload)
+            for t in natives
+        ],
     )
+
+
+class _Tutors:
+    """Tuned tasks whose records teach a tune: its cost model learns from them (:attr:`inputs`
+    and :attr:`results`), and a task with no records starts from the best states of its
+    nearest similar ones (:meth:`starts`), this tune's own among them as they are measured.
+
+    Similar: the same compute DAG at other extents (:func:`_form`), so that a state's steps,
+    which name stages and iterators by number, address the same ones; a split of another
+    extent leaves a remainder, which Ansor's lowering guards. Nearest: :func:`.similar.nearest`
+    over the DAG's input and output shapes.
+    """
+
+    def __init__(self) -> None:
+        #: By task key: the task, its form and its sizes.
+        self.tasks: dict[str, tuple[auto_scheduler.SearchTask, tuple[Any, ...], Sizes]] = {}
+        #: By task key: its fastest valid states, (seconds, state), fastest first.
+        self.best: dict[str, list[tuple[float, Any]]] = {}
+        self.inputs: list[Any] = []
+        self.results: list[Any] = []
+
+    @classmethod
+    def of(cls, *tuned: Sequence[Tuned]) -> _Tutors:
+        """The records of every task in ``tuned``, read from its work dir's log."""
+        tutors, folders = cls(), dict[Path, list[auto_scheduler.SearchTask]]()
+        for one in (t for group in tuned for t in group):
+            folders.setdefault(one.work_dir, []).append(one.task.native)
+        for folder, natives in folders.items():
+            tutors.read(folder / LOG, natives)
+        return tutors
+
+    def read(self, log: Path, tasks: Sequence[auto_scheduler.SearchTask]) -> None:
+        for task in tasks:
+            self.tasks[key(task)] = (task, _form(task), _sizes(task))
+        for record in _records(log):
+            if record.key in self.tasks:
+                self.inputs.append(record.inp)
+                self.results.append(record.res)
+                if record.seconds is not None:
+                    self.add(record.key, record.seconds, record.inp.state)
+
+    def add(self, task_key: str, seconds: float, state: Any) -> None:
+        best = self.best.setdefault(task_key, [])
+        best.append((seconds, state))
+        best.sort(key=lambda pair: pair[0])
+        del best[STARTS_EACH:]
+
+    def starts(self, task: auto_scheduler.SearchTask) -> list[Any]:
+        """The states ``task`` starts from: its nearest similar tasks' fastest."""
+        mine = self.tasks.get(key(task)) or (task, _form(task), _sizes(task))
+        near = [(sizes, other) for other, (_, form, sizes) in self.tasks.items()
+                if form == mine[1] and other != key(task) and self.best.get(other)]  # fmt: skip
+        return [state for other in nearest(mine[2], near) for _, state in self.best[other]][:STARTS]
+
+
+def _form(task: auto_scheduler.SearchTask) -> tuple[Any, ...]:
+    """What a state's steps address: the DAG's operations in order, each with its kind and its
+    numbers of dimensions and of reduction axes."""
+    return tuple((op.name, getattr(op, "tag", ""), len(op.output(0).shape),
+                  len(getattr(op, "reduce_axis", ()))) for op in task.compute_dag.ops)  # fmt: skip
+
+
+def _sizes(task: auto_scheduler.SearchTask) -> Sizes:
+    dag = task.compute_dag
+    return [tuple(int(d) for d in t.shape) for t in dag.tensors], float(dag.flop_ct)
+
+
+class _Starting:
+    """Stands in for a task's search policy for its first round: measures the states it starts
+    from (:meth:`_Tutors.starts`), then hands them to the policy as measured (its evolution
+    breeds from the fastest) and to the cost model, as the policy does with its own round."""
+
+    def __init__(self, policy: Any, task: Any, states: Sequence[Any], scheduler: _FromDefaults
+                 ) -> None:  # fmt: skip
+        self.policy, self.task, self.states, self.scheduler = policy, task, states, scheduler
+
+    def continue_search_one_round(self, count: int, measurer: Any) -> tuple[list[Any], Any]:
+        options = self.scheduler.tune_option
+        inputs = [auto_scheduler.MeasureInput(self.task, state) for state in self.states]
+        results = options.runner.run(inputs, options.builder.build(inputs, verbose=0), verbose=0)
+        self.scheduler.keep.callback(self.policy, inputs, results)
+        with tempfile.TemporaryDirectory() as folder:
+            measured = str(Path(folder) / LOG)
+            auto_scheduler.save_records(measured, inputs, results)
+            preload = auto_scheduler.PreloadMeasuredStates(measured)
+            auto_scheduler._ffi_api.SearchPolicyRunCallbacks(self.policy, [preload])
+        self.scheduler.model.update(inputs, results)
+        return inputs, results
 
 
 def _measurable(task: auto_scheduler.SearchTask) -> auto_scheduler.SearchTask:
@@ -314,9 +418,12 @@ class _FromDefaults(auto_scheduler.TaskScheduler):  # type: ignore[misc]
     """
 
     def __init__(self, tasks: list[Any], weights: list[int], defaults: list[float | None],
-                 earlier: Sequence[Measurement] = (), **options: Any) -> None:  # fmt: skip
+                 earlier: Sequence[Measurement], tutors: _Tutors, model: Any, work_dir: Path,
+                 **options: Any) -> None:  # fmt: skip
         super().__init__(tasks, weights, **options)
-        self.defaults = defaults
+        self.defaults, self.tutors, self.model = defaults, tutors, model
+        #: What records every round (the measurer's callback; called by :class:`_Starting`).
+        self.keep = _Keep(work_dir, self)
         #: Measurements tried and valid ones, by task key, earlier records included: a task
         #: left in one pass is not tried again in the next.
         self.tried = Counter(m.key for m in earlier)
@@ -334,15 +441,26 @@ class _FromDefaults(auto_scheduler.TaskScheduler):  # type: ignore[misc]
         as no improvement, so its gradient kept sending the rounds to the task holding the
         latency: a BERT's dense layers, whose every candidate failed in the layout rewrite
         before :func:`_measurable`, took all 210 measurements of a tune of 64."""
-        super()._tune_task(task_idx)
-        if self._barren(self.tasks[task_idx]):
+        task, policy = self.tasks[task_idx], self.search_policies[task_idx]
+        states = [] if self.tried[key(task)] else self.tutors.starts(task)
+        if states:
+            self.search_policies[task_idx] = _Starting(policy, task, states, self)
+        try:
+            super()._tune_task(task_idx)
+        finally:
+            self.search_policies[task_idx] = policy
+        if self._barren(task):
             self.dead_tasks.add(task_idx)
 
     def measured(self, inputs: Any, results: Any) -> None:
         """Count a batch's measurements and valid ones (:class:`_Keep` hands each batch here)."""
         for inp, res in zip(inputs, results, strict=True):
-            self.tried[key(inp.task)] += 1
-            self.valid[key(inp.task)] += not _failed(res)
+            task_key = key(inp.task)
+            self.tried[task_key] += 1
+            if not _failed(res):
+                self.valid[task_key] += 1
+                self.tutors.add(task_key, sum(float(c) for c in res.costs) / len(res.costs),
+                                inp.state)  # fmt: skip
 
     def _restore_status(self, log_file: str, num_measures_per_round: int) -> None:
         super()._restore_status(log_file, num_measures_per_round)
@@ -399,11 +517,35 @@ def _search(budget: int) -> dict[str, Any]:
 
 
 def measurements(work_dir: Path) -> list[Measurement]:
-    log = work_dir / LOG
     causes = read_causes(work_dir / ERRORS_FILE)
-    result = []
     codes = {int(v): k for k, v in vars(auto_scheduler.measure.MeasureErrorNo).items()
              if isinstance(v, int)}  # fmt: skip
+    result = []
+    for record in _records(work_dir / LOG):
+        if record.seconds is not None:
+            result.append(Measurement(record.key, record.seconds, at=record.at))
+        else:
+            name = codes.get(record.error_no, f"error {record.error_no}")
+            result.append(Measurement(record.key, None, f"{name}: {next(causes)}", record.at))
+    return result
+
+
+class _Record(NamedTuple):
+    """One line of an Ansor log as read here: its task key, mean latency (None if it failed)
+    and when; ``inp`` and ``res`` are Ansor's own reading of it."""
+
+    key: str
+    seconds: float | None
+    error_no: int
+    at: float
+    inp: Any
+    res: Any
+
+
+def _records(log: Path) -> Iterator[_Record]:
+    """The records of ``log``, each checked against the allowlist of steps before Ansor's
+    reader sees it (:func:`.records.ansor_problem`); one that is not a record is one error
+    naming the file and the line."""
     for number, line in record_lines(log):
         try:
             steps = json.loads(line)["i"][1][1]  # {"i": [task, [stages, steps]], "r": result}
@@ -419,13 +561,8 @@ def measurements(work_dir: Path) -> list[Measurement]:
             error_no = int(res.error_no)
         except Exception as err:  # TVM's record reader raises TVMError on what it cannot read
             raise damaged(log, number, describe_failure(err)) from err
-        at = float(res.timestamp)
-        if error_no == 0 and costs:
-            result.append(Measurement(task_key, sum(costs) / len(costs), at=at))
-        else:
-            name = codes.get(error_no, f"error {error_no}")
-            result.append(Measurement(task_key, None, f"{name}: {next(causes)}", at))
-    return result
+        seconds = sum(costs) / len(costs) if error_no == 0 and costs else None
+        yield _Record(task_key, seconds, error_no, float(res.timestamp), inp, res)
 
 
 def flops(task: auto_scheduler.SearchTask) -> float:
@@ -526,10 +663,17 @@ def _seconds(runner: Runner) -> int:
     return max(1, math.ceil(runner.timeout))
 
 
+def similar(tasks: Sequence[TunerTask], tuned: Callable[[], Sequence[Tuned]]) -> int:
+    """How many of ``tasks`` a tune starts from the states of similar tasks among ``tuned()``."""
+    tutors = _Tutors.of(tuned())
+    return sum(bool(tutors.starts(t.native)) for t in tasks)
+
+
 ADAPTER = Adapter(
     NAME, extract, encode, decode, key, merge, tune, measurements, flops, build,
     (LOG, ERRORS_FILE),
     adopt=lambda tasks, source, work_dir: adopt_lines(LOG, measurements, tasks, source, work_dir),
+    similar=similar,
 )  # fmt: skip
 
 

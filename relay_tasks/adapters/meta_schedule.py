@@ -9,7 +9,6 @@ the same over the backend's occurrences: TIR once per distinct function, then up
 from __future__ import annotations
 
 import importlib
-import math
 import re
 import sys
 import time
@@ -58,6 +57,7 @@ from .database import (
     workload_key,
 )
 from .functions import read_source, source_data
+from .similar import STARTS, STARTS_EACH, Sizes, nearest, stem
 from .untuned import covered_by, untuned_as_without, variants_of, warn_unused
 from .verify import CANDIDATES, best_agreeing, results, runs_here
 
@@ -480,22 +480,15 @@ def _replay(expected: int) -> Any:
     return ms.search_strategy.ReplayTrace()
 
 
-#: Schedules a task with no records starts from, and most of them from one similar task.
-STARTS, STARTS_EACH = 4, 2
-
-
 def _starts(tasks: Sequence[TunerTask], tutors: Sequence[tuple[TunerTask, Any]]
             ) -> dict[str, list[Any]]:  # fmt: skip
     """By task key, the traces of the best records of each task's nearest similar tutors.
 
     Similar: the same fused operators, told by the name MetaSchedule gives a task less the
-    number that tells shapes apart (``fused_nn_conv2d_add_3``); nearest: closest in the shapes
-    of its buffers (:func:`_apart`), then in FLOPs (DCGAN's transposed convolutions all have
-    the same FLOPs, each its own shapes); only tutors with valid records count. A trace of one
-    shape replays on another, its tile sizes redrawn where they no longer divide, as
-    MetaSchedule's own search replays them; one that does not replay is dropped where it is
-    used (:class:`_StartingFrom`). Transfer-tuning reports most of a tune's gain from the
-    schedules of similar tasks at a fraction of its search.
+    number that tells shapes apart; nearest: :func:`.similar.nearest` over the shapes of its
+    buffers; only tutors with valid records count. A trace of one shape replays on another,
+    its tile sizes redrawn where they no longer divide, as MetaSchedule's own search replays
+    them; one that does not replay is dropped where it is used (:class:`_StartingFrom`).
     """
     best: dict[str, list[Any]] = {}  # by tutor: the traces of its best records
     by_stem: dict[str, list[TunerTask]] = {}
@@ -507,46 +500,27 @@ def _starts(tasks: Sequence[TunerTask], tutors: Sequence[tuple[TunerTask, Any]]
         traces = [r.trace for r in top]
         if traces:
             best[tutor.key] = traces
-            by_stem.setdefault(_stem(tutor.native.task_name), []).append(tutor)
-    sizes: dict[str, tuple[list[tuple[int, ...]], float]] = {}
+            by_stem.setdefault(stem(tutor.native.task_name), []).append(tutor)
+    sizes: dict[str, Sizes] = {}  # by task key: estimating FLOPs walks the whole function
     for task in [*tasks, *(t for near in by_stem.values() for t in near)]:
-        sizes.setdefault(task.key, (_shapes(task), flops(task.native)))
+        sizes.setdefault(task.key, _sizes(task))
     starts = {}
     for task in tasks:
-        near = [t for t in by_stem.get(_stem(task.native.task_name), []) if t.key != task.key]
-        near.sort(key=lambda t: _nearness(sizes[task.key], sizes[t.key]))
-        found = [trace for t in near for trace in best[t.key]][:STARTS]
+        near = [(sizes[t.key], t) for t in by_stem.get(stem(task.native.task_name), [])
+                if t.key != task.key]  # fmt: skip
+        found = [trace for t in nearest(sizes[task.key], near) for trace in best[t.key]][:STARTS]
         if found:
             starts[task.key] = found
     return starts
 
 
-def _stem(name: str) -> str:
-    return re.sub(r"_\d+$", "", name)
-
-
-def _shapes(task: TunerTask) -> list[tuple[int, ...]]:
-    """The shapes of the buffers a task's function takes, in order (a dynamic extent as 1)."""
+def _sizes(task: TunerTask) -> Sizes:
+    """The shapes of the buffers a task's function takes, in order (a dynamic extent as 1),
+    and its FLOPs."""
     func = task.native.dispatched[0]["main"]
-    return [tuple(int(getattr(d, "value", 1)) for d in func.buffer_map[p].shape)
-            for p in func.params]  # fmt: skip
-
-
-def _nearness(task: tuple[Sequence[tuple[int, ...]], float],
-              tutor: tuple[Sequence[tuple[int, ...]], float]) -> tuple[float, float]:  # fmt: skip
-    """How far a tutor is from a task, each as (buffer shapes, FLOPs): apart in shapes, then
-    in FLOPs (as |log| of their ratio)."""
-    return _apart(task[0], tutor[0]), abs(math.log((tutor[1] + 1) / (task[1] + 1)))
-
-
-def _apart(mine: Sequence[tuple[int, ...]], theirs: Sequence[tuple[int, ...]]) -> float:
-    """How far two tasks' buffer shapes are: the sum of |log| of each extent's ratio, or
-    infinity where the buffers or their ranks differ in number."""
-    if [len(s) for s in mine] != [len(s) for s in theirs]:
-        return math.inf
-    return sum(abs(math.log(max(a, 1) / max(b, 1)))
-               for ours, its in zip(mine, theirs, strict=True)
-               for a, b in zip(ours, its, strict=True))  # fmt: skip
+    shapes = [tuple(int(getattr(d, "value", 1)) for d in func.buffer_map[p].shape)
+              for p in func.params]  # fmt: skip
+    return shapes, flops(task.native)
 
 
 # TVM's derived_object replaces the class, which mutation tools cannot instrument.
@@ -908,8 +882,8 @@ def similar(tasks: Sequence[TunerTask], tuned: Callable[[], Sequence[Tuned]]) ->
     valid: dict[Path, set[str]] = {}
     for where in {t.work_dir for t in others}:
         valid[where] = {m.key for m in measurements(where) if m.valid}
-    stems = {_stem(t.task.native.task_name) for t in others if t.task.key in valid[t.work_dir]}
-    return sum(_stem(t.native.task_name) in stems for t in tasks)
+    stems = {stem(t.task.native.task_name) for t in others if t.task.key in valid[t.work_dir]}
+    return sum(stem(t.native.task_name) in stems for t in tasks)
 
 
 ADAPTER = Adapter(

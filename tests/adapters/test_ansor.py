@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import tvm
 from tvm import auto_scheduler, relay, topi
@@ -11,6 +12,7 @@ from tvm.relay.testing.temp_op_attr import TempOpAttr
 
 from relay_tasks import ModelError, UsageError
 from relay_tasks.adapters import get_adapter
+from relay_tasks.adapters.ansor import key as ansor_key
 from relay_tasks.ansor import extract_tasks
 
 import oracles
@@ -371,3 +373,31 @@ def test_task_payloads_derive_the_same_search_task_here() -> None:
     other, _ = decode(encode(rows[1]), target, rows[0].name, rows[0].weight)
     assert key(other) == rows[1].key != rows[0].key
     assert merge(rows[1:]) is rows[1].native
+
+
+def test_a_task_starts_from_the_fastest_states_of_the_nearest_tasks_of_its_form(tmp_path) -> None:
+    """Tutors of the same compute at other extents, nearest in shapes first, their fastest
+    ``STARTS_EACH`` valid states each, ``STARTS`` in all; a compute of other operations (dense
+    without the relu) and the task's own states give none."""
+    from relay_tasks.adapters.ansor import _Tutors
+    from relay_tasks.adapters.similar import STARTS, STARTS_EACH
+
+    def dense(batch: int, relu: bool = True) -> auto_scheduler.SearchTask:
+        data, weight = relay.var("data", shape=(batch, 32)), relay.var("w", shape=(16, 32))
+        out = relay.nn.dense(data, weight)
+        body = relay.nn.relu(out) if relu else out
+        mod = tvm.IRModule.from_expr(relay.Function([data, weight], body))
+        [task] = get_adapter("ansor").extract(mod, X86, {"w": np.ones((16, 32), "float32")})
+        return task.native
+
+    me, near, far, other = dense(8), dense(6), dense(1), dense(8, relu=False)
+    tutors = _Tutors()
+    tutors.read(tmp_path / "no-log.json", [me, near, far, other])
+    for task in (me, far, other, near):
+        for seconds in (3e-5, 1e-5, 2e-5):
+            tutors.add(ansor_key(task), seconds, (ansor_key(task), seconds))
+    assert tutors.starts(me) == [
+        (ansor_key(near), 1e-5), (ansor_key(near), 2e-5), (ansor_key(far), 1e-5),
+        (ansor_key(far), 2e-5),
+    ][:STARTS] and STARTS_EACH == 2  # fmt: skip
+    assert tutors.starts(other) == []

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -277,6 +278,25 @@ def test_a_metaschedule_tune_of_another_model_learns_the_work_dirs_records_first
     assert learnt == [before] and drawn == []
 
 
+def _at_batch(tuned: dict[str, Path], tuner: str, tmp_path: Path, batch: int) -> tuple[Any, ...]:
+    """A copy of ``tuner``'s tuned work dir, its task, the tiny model's task at ``batch`` and the
+    host target."""
+    from relay_tasks import host_target
+    from relay_tasks.adapters import get_adapter
+    from relay_tasks.loaders import load_model
+    from relay_tasks.tuning.tune import tasks_in
+
+    from tuned_models import write_tiny
+
+    source = _copy(tuned, tuner, tmp_path)
+    text, weights = write_tiny(tmp_path, batch=batch)
+    mod, params = load_model(text, params=weights)
+    target = host_target()
+    [task] = get_adapter(tuner).extract(mod, target, params)
+    [tutor] = tasks_in(source).tasks
+    return source, tutor, task, target
+
+
 def test_a_metaschedule_task_without_records_starts_from_a_similar_tasks_best_schedule(
     tuned, tmp_path, capsys
 ) -> None:
@@ -284,20 +304,10 @@ def test_a_metaschedule_task_without_records_starts_from_a_similar_tasks_best_sc
     another task (another shape) of the same operators, so its first measurement is the
     batch-1 task's best schedule, replayed on it (tile sizes redrawn where 2 rows no longer
     divide as 1 did), not a random one; the tune says so first."""
-    from relay_tasks import host_target, tune
-    from relay_tasks.adapters import get_adapter
+    from relay_tasks import tune
     from relay_tasks.adapters.database import WorkDatabase
-    from relay_tasks.loaders import load_model
-    from relay_tasks.tuning.tune import tasks_in
 
-    from tuned_models import write_tiny
-
-    source = _copy(tuned, "meta_schedule", tmp_path)
-    text, weights = write_tiny(tmp_path, batch=2)
-    mod, params = load_model(text, params=weights)
-    adapter, target = get_adapter("meta_schedule"), host_target()
-    [task] = adapter.extract(mod, target, params)
-    [tutor] = tasks_in(source).tasks
+    source, tutor, task, target = _at_batch(tuned, "meta_schedule", tmp_path, 2)
     assert tutor.key != task.key and tutor.name == task.name
     memory = WorkDatabase(source, [tutor.native.dispatched[0]]).memory
     [best] = memory.get_top_k(memory.commit_workload(tutor.native.dispatched[0]), 1)
@@ -308,5 +318,29 @@ def test_a_metaschedule_task_without_records_starts_from_a_similar_tasks_best_sc
     tune([task], target, tuner="meta_schedule", trials=1, work_dir=work, reuse=[source])
     first = json.loads((work / "database_tuning_record.json").read_text().splitlines()[0])
     assert first[1][0][1] == json.loads(json.dumps(replayed.trace.as_json()[1], default=int))
+    assert ("relay-tasks: 1 of 1 task to tune starts from the best schedules of similar tasks "
+            "tuned there") in capsys.readouterr().err  # fmt: skip
+
+
+def test_an_ansor_task_without_records_starts_from_a_similar_tasks_best_states(
+    tuned, tmp_path, capsys
+) -> None:
+    """The tiny model at batch 8 tuned with ``reuse`` naming the batch-1 work dir: its compute
+    is the batch-1 task's at other extents, so its first measurements are the batch-1 task's
+    two fastest states, measured on it; the tune says so first."""
+    from relay_tasks import tune
+
+    source, tutor, task, target = _at_batch(tuned, "ansor", tmp_path, 8)
+    assert tutor.key != task.key
+    taught = [json.loads(line) for line in (source / "ansor.json").read_text().splitlines()]
+    fastest = sorted((r for r in taught if r["r"][1] == 0), key=lambda r: sum(r["r"][0]))[:2]
+
+    work = tmp_path / "batch8"
+    tune([task], target, tuner="ansor", trials=4, work_dir=work, reuse=[source])
+    records = [json.loads(line) for line in (work / "ansor.json").read_text().splitlines()]
+    steps = [r["i"][1][1] for r in records]
+    assert steps[:2] == [r["i"][1][1] for r in fastest]
+    assert all(r["i"][0][0] == task.native.workload_key for r in records)
+    assert all(r["r"][1] == 0 for r in records[:2])  # they run on the new extents
     assert ("relay-tasks: 1 of 1 task to tune starts from the best schedules of similar tasks "
             "tuned there") in capsys.readouterr().err  # fmt: skip
