@@ -302,11 +302,25 @@ class _Tutors:
         del best[STARTS_EACH:]
 
     def starts(self, task: auto_scheduler.SearchTask) -> list[Any]:
-        """The states ``task`` starts from: its nearest similar tasks' fastest."""
+        """The states ``task`` starts from: its nearest similar tasks' fastest, each once (a
+        task that started from another often keeps that one's states as its fastest)."""
         mine = self.tasks.get(key(task)) or (task, _form(task), _sizes(task))
         near = [(sizes, other) for other, (_, form, sizes) in self.tasks.items()
                 if form == mine[1] and other != key(task) and self.best.get(other)]  # fmt: skip
-        return [state for other in nearest(mine[2], near) for _, state in self.best[other]][:STARTS]
+        found: dict[str, Any] = {}
+        for other in nearest(mine[2], near):
+            for _, state in self.best[other]:
+                found.setdefault(_steps(task, state), state)
+        return list(found.values())[:STARTS]
+
+
+def _steps(task: auto_scheduler.SearchTask, state: Any) -> str:
+    """A state's steps as its record spells them (TVM serializes steps only in records)."""
+    inp = auto_scheduler.MeasureInput(task, state)
+    res = auto_scheduler.MeasureResult([0.0], 0, "", 0.0, 0.0)
+    return json.dumps(
+        json.loads(auto_scheduler.measure_record.dump_record_to_string(inp, res))["i"][1]
+    )
 
 
 def _form(task: auto_scheduler.SearchTask) -> tuple[Any, ...]:
@@ -441,14 +455,17 @@ class _FromDefaults(auto_scheduler.TaskScheduler):  # type: ignore[misc]
         as no improvement, so its gradient kept sending the rounds to the task holding the
         latency: a BERT's dense layers, whose every candidate failed in the layout rewrite
         before :func:`_measurable`, took all 210 measurements of a tune of 64."""
-        task, policy = self.tasks[task_idx], self.search_policies[task_idx]
+        task = self.tasks[task_idx]
         states = [] if self.tried[key(task)] else self.tutors.starts(task)
-        if states:
-            self.search_policies[task_idx] = _Starting(policy, task, states, self)
-        try:
+        if not states:
             super()._tune_task(task_idx)
-        finally:
-            self.search_policies[task_idx] = policy
+        else:
+            policy = self.search_policies[task_idx]
+            self.search_policies[task_idx] = _Starting(policy, task, states, self)
+            try:
+                super()._tune_task(task_idx)
+            finally:
+                self.search_policies[task_idx] = policy
         if self._barren(task):
             self.dead_tasks.add(task_idx)
 

@@ -171,7 +171,10 @@ def _reused(
         said.append(f"reusing the records of {len(done)} of {len(tasks)} tasks ({copied} copied); "
                     "they are not tuned again")  # fmt: skip
     tuned = partial(tuned_in, sources)  # read only by a tuner that starts from similar tasks
-    similar = adapter.similar(left, tuned) if left else 0
+    # A task with records of its own (a tune resumed) goes on from them.
+    measured = {m.key for m in adapter.measurements(folder)} if left and sources else set()
+    fresh = [t for t in left if t.key not in measured]
+    similar = adapter.similar(fresh, tuned) if fresh else 0
     if similar:
         verb = "starts" if similar == 1 else "start"
         said.append(f"{similar} of {len(left)} task{'s' * (len(left) > 1)} to tune {verb} from "

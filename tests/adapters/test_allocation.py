@@ -138,19 +138,19 @@ def test_a_metaschedule_tune_measures_where_the_latency_is(tmp_path) -> None:
     assert {m.key for m in measured} == {tasks[-1].key}
 
 
-def test_ansors_scheduler_counts_a_default_as_a_tasks_first_round() -> None:
+def test_ansors_scheduler_counts_a_default_as_a_tasks_first_round(tmp_path) -> None:
     """A task with a default needs no warm-up round and starts at its default; one without is
     left to Ansor's warm-up; a record faster than the default stays its best."""
     import numpy as np
 
     import relay_tasks
     from relay_tasks.adapters import get_adapter
-    from relay_tasks.adapters.ansor import _FromDefaults
+    from relay_tasks.adapters.ansor import _FromDefaults, _Tutors
 
     mod, params = load("dense_softmax")
     tasks = get_adapter("ansor").extract(mod, relay_tasks.host_target(), params)
     scheduler = _FromDefaults([t.native for t in tasks], [t.weight for t in tasks],
-                              [None, 0.002, 0.5])  # fmt: skip
+                              [None, 0.002, 0.5], (), _Tutors(), None, tmp_path)  # fmt: skip
     assert scheduler.task_cts == [0, 1, 1]
     assert scheduler.best_costs[1:].tolist() == [0.002, 0.5]
     assert scheduler.task_costs_history == [[], [0.002], [0.5]]
@@ -162,7 +162,7 @@ def test_ansors_scheduler_counts_a_default_as_a_tasks_first_round() -> None:
     assert scheduler.task_cts[2] == 1 and scheduler.best_costs[2] == 0.1
 
 
-def test_ansors_scheduler_leaves_a_task_whose_measurements_all_fail(monkeypatch) -> None:
+def test_ansors_scheduler_leaves_a_task_whose_measurements_all_fail(monkeypatch, tmp_path) -> None:
     """A task none of whose first measurements is valid is left (Ansor would go on sending it
     the rounds its latency earns), in later passes too; one valid measurement keeps it in."""
     from tvm import auto_scheduler
@@ -170,16 +170,17 @@ def test_ansors_scheduler_leaves_a_task_whose_measurements_all_fail(monkeypatch)
 
     import relay_tasks
     from relay_tasks.adapters import get_adapter
-    from relay_tasks.adapters.ansor import FAILED_MEASUREMENTS, _FromDefaults
+    from relay_tasks.adapters.ansor import FAILED_MEASUREMENTS, _FromDefaults, _Tutors
 
     mod, params = load("dense_softmax")
     tasks = get_adapter("ansor").extract(mod, relay_tasks.host_target(), params)
     scheduler = _FromDefaults([t.native for t in tasks], [t.weight for t in tasks],
-                              [0.5, 0.002, 0.5])  # fmt: skip
+                              [0.5, 0.002, 0.5], (), _Tutors(), None, tmp_path)  # fmt: skip
     monkeypatch.setattr(auto_scheduler.TaskScheduler, "_tune_task", lambda self, index: None)
 
     def batch(index: int, error_nos: list[int]) -> None:
-        inp = SimpleNamespace(task=SimpleNamespace(workload_key=tasks[index].native.workload_key))
+        task = SimpleNamespace(workload_key=tasks[index].native.workload_key)
+        inp = SimpleNamespace(task=task, state=None)
         results = [MeasureResult([1e-5], error_no, "", 0.1, 0) for error_no in error_nos]
         scheduler.measured([inp] * len(results), results)
 
@@ -194,5 +195,5 @@ def test_ansors_scheduler_leaves_a_task_whose_measurements_all_fail(monkeypatch)
     assert scheduler.dead_tasks == {0}
     failures = [Measurement(tasks[0].key, None, "INSTANTIATION_ERROR: x")] * FAILED_MEASUREMENTS
     again = _FromDefaults([t.native for t in tasks], [t.weight for t in tasks], [0.5, 0.002, 0.5],
-                          failures)  # fmt: skip
+                          failures, _Tutors(), None, tmp_path)  # fmt: skip
     assert again.dead_tasks == {0}  # a later pass does not try it again

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 import tvm
@@ -377,8 +379,9 @@ def test_task_payloads_derive_the_same_search_task_here() -> None:
 
 def test_a_task_starts_from_the_fastest_states_of_the_nearest_tasks_of_its_form(tmp_path) -> None:
     """Tutors of the same compute at other extents, nearest in shapes first, their fastest
-    ``STARTS_EACH`` valid states each, ``STARTS`` in all; a compute of other operations (dense
-    without the relu) and the task's own states give none."""
+    ``STARTS_EACH`` valid states each, each state once (the near task's fastest is the far
+    one's, as when it started from it), ``STARTS`` in all; a compute of other operations
+    (dense without the relu) and the task's own states give none."""
     from relay_tasks.adapters.ansor import _Tutors
     from relay_tasks.adapters.similar import STARTS, STARTS_EACH
 
@@ -390,14 +393,25 @@ def test_a_task_starts_from_the_fastest_states_of_the_nearest_tasks_of_its_form(
         [task] = get_adapter("ansor").extract(mod, X86, {"w": np.ones((16, 32), "float32")})
         return task.native
 
+    def split(factor: int) -> Any:
+        """A state told apart by ``factor`` (a state's steps keep the extents of the task it
+        was found for, on whichever task it is measured)."""
+        state = me.compute_dag.get_init_state()
+        stage = me.compute_dag.ops[2]
+        state.split(stage, state[stage].iters[0], [factor])
+        return state
+
     me, near, far, other = dense(8), dense(6), dense(1), dense(8, relu=False)
     tutors = _Tutors()
     tutors.read(tmp_path / "no-log.json", [me, near, far, other])
-    for task in (me, far, other, near):
-        for seconds in (3e-5, 1e-5, 2e-5):
-            tutors.add(ansor_key(task), seconds, (ansor_key(task), seconds))
-    assert tutors.starts(me) == [
-        (ansor_key(near), 1e-5), (ansor_key(near), 2e-5), (ansor_key(far), 1e-5),
-        (ansor_key(far), 2e-5),
+    given = {}
+    for n, task in enumerate((me, far, other, near)):
+        for seconds, factor in ((3e-5, 10 * n + 3), (1e-5, 10 * n + 1), (2e-5, 10 * n + 2)):
+            state = split(11 if task is near and seconds == 1e-5 else factor)
+            given[id(state)] = (ansor_key(task), seconds)
+            tutors.add(ansor_key(task), seconds, state)
+    got = [given[id(state)] for state in tutors.starts(me)]
+    assert got == [
+        (ansor_key(near), 1e-5), (ansor_key(near), 2e-5), (ansor_key(far), 2e-5),
     ][:STARTS] and STARTS_EACH == 2  # fmt: skip
     assert tutors.starts(other) == []

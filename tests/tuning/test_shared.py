@@ -327,7 +327,8 @@ def test_an_ansor_task_without_records_starts_from_a_similar_tasks_best_states(
 ) -> None:
     """The tiny model at batch 8 tuned with ``reuse`` naming the batch-1 work dir: its compute
     is the batch-1 task's at other extents, so its first measurements are the batch-1 task's
-    two fastest states, measured on it; the tune says so first."""
+    two fastest states, measured on it; the tune says so first, and not when it resumes (the
+    task goes on from its own records then)."""
     from relay_tasks import tune
 
     source, tutor, task, target = _at_batch(tuned, "ansor", tmp_path, 8)
@@ -342,5 +343,8 @@ def test_an_ansor_task_without_records_starts_from_a_similar_tasks_best_states(
     assert steps[:2] == [r["i"][1][1] for r in fastest]
     assert all(r["i"][0][0] == task.native.workload_key for r in records)
     assert all(r["r"][1] == 0 for r in records[:2])  # they run on the new extents
-    assert ("relay-tasks: 1 of 1 task to tune starts from the best schedules of similar tasks "
-            "tuned there") in capsys.readouterr().err  # fmt: skip
+    said = ("relay-tasks: 1 of 1 task to tune starts from the best schedules of similar tasks "
+            "tuned there")  # fmt: skip
+    assert said in capsys.readouterr().err
+    tune([task], target, tuner="ansor", trials=len(records) + 1, work_dir=work, reuse=[source])
+    assert "similar" not in capsys.readouterr().err  # resumed: it goes on from its own records
