@@ -217,8 +217,8 @@ def tune(
     natives = [_measurable(t.native) for t in tasks]
     tutors = _Tutors.of([Tuned(t, work_dir) for t in tasks], teachers())
     per_round = max(1, min(BATCH, budget // len(tasks)))
-    # Upstream's cost model; it learns from the log only the workloads this process registered,
-    # the tutors' records, which are read here.
+    # Upstream's cost model, taught the tutors' records as read here: its own reading of a log
+    # learns only workloads registered in this process, and fails on a log with none of them.
     model = auto_scheduler.XGBModel(num_warmup_sample=len(tasks) * per_round)
     if tutors.inputs:
         model.update(tutors.inputs, tutors.results)

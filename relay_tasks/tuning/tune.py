@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from ..adapters import ADAPTERS, Adapter, TunerTask, get_adapter
-from ..adapters.base import Runner, Tuned, merge_equal
+from ..adapters.base import Measurement, Runner, Tuned, merge_equal
 from ..adapters.journal import locked, open_appending, set_aside_cut_line
 from ..errors import ModelError, TuningError, TuningInterrupted, UsageError, describe_text
 from ..export import TaskFile, dumps, load_tasks, tasks_document
@@ -107,10 +107,11 @@ def tune(
     tasks, reused = _reused(adapter, tgt, every, folder, reuse)
     records = adapter.measurements(folder)  # each record checked on its own, then
     adapter.check(every, folder)  # against the tasks it would be applied to
+    reused += _similar(adapter, tasks, records, reuse)
     before = standing(tasks, records)
     display = _Progress(adapter, tasks, folder, trials)
     if reused:
-        display.say(reused)
+        display.say("relay-tasks: " + "; ".join(reused))
     # Defaults an older relay-tasks measured its way are measured again even with the budget
     # spent (compile says to run tune for that): the worker measures them, then has no more to do.
     stale = runner.tracker is None and bool(
@@ -145,10 +146,9 @@ def _reused(
     tasks: Sequence[TunerTask],
     folder: Path,
     sources: Sequence[str | Path],
-) -> tuple[Sequence[TunerTask], str]:
+) -> tuple[Sequence[TunerTask], list[str]]:
     """Copy the valid records of ``tasks`` from the work dirs ``sources`` (each tuned with this
-    tuner for this target); returns the tasks still to tune and what was reused, in words (how
-    many tasks start from similar ones' schedules too)."""
+    tuner for this target); returns the tasks still to tune and what was reused, in words."""
     done: set[str] = set()
     copied = 0
     for source in map(Path, sources):
@@ -170,16 +170,27 @@ def _reused(
     if done:
         said.append(f"reusing the records of {len(done)} of {len(tasks)} tasks ({copied} copied); "
                     "they are not tuned again")  # fmt: skip
-    tuned = partial(tuned_in, sources)  # read only by a tuner that starts from similar tasks
-    # A task with records of its own (a tune resumed) goes on from them.
-    measured = {m.key for m in adapter.measurements(folder)} if left and sources else set()
-    fresh = [t for t in left if t.key not in measured]
-    similar = adapter.similar(fresh, tuned) if fresh else 0
-    if similar:
-        verb = "starts" if similar == 1 else "start"
-        said.append(f"{similar} of {len(left)} task{'s' * (len(left) > 1)} to tune {verb} from "
-                    "the best schedules of similar tasks tuned there")  # fmt: skip
-    return left, "relay-tasks: " + "; ".join(said) if said else ""
+    return left, said
+
+
+def _similar(
+    adapter: Adapter,
+    tasks: Sequence[TunerTask],
+    records: Sequence[Measurement],
+    sources: Sequence[str | Path],
+) -> list[str]:
+    """How many of ``tasks`` start from the schedules of similar tasks tuned in the work dirs
+    ``sources``, in words; a task with ``records`` of its own (a tune resumed) goes on from
+    them instead."""
+    measured = {m.key for m in records}
+    fresh = [t for t in tasks if t.key not in measured]
+    # The sources' tasks are read only by a tuner that starts from similar tasks.
+    similar = adapter.similar(fresh, partial(tuned_in, sources)) if fresh and sources else 0
+    if not similar:
+        return []
+    verb = "starts" if similar == 1 else "start"
+    return [f"{similar} of {len(tasks)} task{'s' * (len(tasks) > 1)} to tune {verb} from the "
+            "best schedules of similar tasks tuned there"]  # fmt: skip
 
 
 def tuned_in(work_dirs: Sequence[str | Path]) -> list[Tuned]:
