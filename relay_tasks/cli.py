@@ -78,8 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="WORKDIR",
         help="work dirs tuned for other models (same tuner and target): equal tasks take "
-        "their records and are not tuned again; under MetaSchedule and Ansor their records "
-        "also teach the cost model, and a similar task starts from their best schedules",
+        "their records and are not tuned again, a similar task starts from their best "
+        "schedules, and under MetaSchedule and Ansor their records also teach the cost model",
     )
     _rpc_options(tune)
     tune.add_argument("--timeout", type=float, default=10.0, help="seconds per build and per run")

@@ -8,6 +8,7 @@ expected and how to fix it. The CLI maps each class to its own exit code.
 from __future__ import annotations
 
 import os
+import re
 import sys
 import traceback
 import warnings
@@ -105,6 +106,12 @@ def describe_failure(err: BaseException) -> str:
 
 
 def describe_text(text: str) -> str:
-    """The last non-empty line of an error text (where TVM puts the message after a backtrace)."""
-    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
-    return lines[-1] if lines else ""
+    """The last line of an error text that is not a frame of a backtrace: TVM puts the message
+    after its backtrace, dmlc's libraries (XGBoost) before theirs."""
+    lines = [line.strip() for line in str(text).splitlines()]
+    said = [line for line in lines if line and not _FRAME.match(line)]
+    return said[-1] if said else ""
+
+
+#: A line of dmlc's backtraces, which follow their message.
+_FRAME = re.compile(r"Stack trace:$|\[bt\] \(\d+\) ")

@@ -66,7 +66,7 @@ from .base import (
 from .functions import read_source, source_data
 from .journal import adopt_lines, append, records_of
 from .records import ansor_problem
-from .similar import STARTS, STARTS_EACH, Sizes, nearest
+from .similar import STARTS, Sizes, keep_fastest, nearest
 from .untuned import covered_by, untuned_as_without, variants_of, warn_unused
 from .verify import best_agreeing, results, runs_here
 
@@ -296,10 +296,7 @@ class _Tutors:
                     self.add(record.key, record.seconds, record.inp.state)
 
     def add(self, task_key: str, seconds: float, state: Any) -> None:
-        best = self.best.setdefault(task_key, [])
-        best.append((seconds, state))
-        best.sort(key=lambda pair: pair[0])
-        del best[STARTS_EACH:]
+        keep_fastest(self.best.setdefault(task_key, []), seconds, state)
 
     def starts(self, task: auto_scheduler.SearchTask) -> list[Any]:
         """The states ``task`` starts from: its nearest similar tasks' fastest, each once (a

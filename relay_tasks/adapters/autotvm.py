@@ -12,18 +12,19 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, NamedTuple
 
 import tvm
 from tvm import autotvm
 from tvm.autotvm.task import TaskExtractEnv
 from tvm.autotvm.task.dispatcher import ApplyConfig, DispatchContext, FallbackContext
-from tvm.autotvm.task.space import ConfigSpace, FallbackConfigEntity
+from tvm.autotvm.task.space import ConfigSpace, FallbackConfigEntity, SplitEntity
 from tvm.autotvm.task.task import compute_flop, serialize_args
 from tvm.target import Target
 
@@ -56,6 +57,7 @@ from .base import (
 from .functions import only_fields, read_dtype, read_shape, read_source, source_data
 from .journal import adopt_lines, append, records_of
 from .records import autotvm_problem
+from .similar import STARTS, Sizes, apart, keep_fastest, nearest
 from .untuned import warn_unused
 from .verify import best_agreeing, results, runs_here
 
@@ -348,16 +350,17 @@ def tune(
 ) -> None:
     """XGBTuner per task, until the log holds ``trials`` valid measurements in all, each task's
     share of them by its part of the latency known (``defaults``, the default schedules'
-    latencies, and the records; see :func:`allotments`). Each task's tuner learns from the
-    whole log (the records of its template, of every model tuned in the work dir: ``teachers``
-    is not asked). A failed measurement does not count, so a rerun retries it."""
-    log = work_dir / LOG
+    latencies, and the records; see :func:`allotments`). A task's tuner learns its records,
+    and a task with none first measures the best configs of its nearest similar tasks among
+    these and ``teachers()`` (tasks tuned for other models, here or in ``--reuse`` dirs; see
+    :class:`_Tutors`). A failed measurement does not count, so a rerun retries it."""
     records = measurements(work_dir)
     valid: dict[str, int] = {}
     for m in records:
         valid[m.key] = valid.get(m.key, 0) + m.valid
     natives = [create_task(t.native.name, t.native.args, target) for t in tasks]
-    history = list(autotvm.record.load_from_file(str(log))) if log.exists() else []
+    tutors = _Tutors.of([Tuned(t, work_dir) for t in tasks], teachers())
+    measured = {m.key for m in records}
     plan = allotments(
         trials,
         [valid.get(t.key, 0) for t in tasks],
@@ -368,15 +371,138 @@ def tune(
         for task, remaining in zip(natives, plan, strict=True):
             if remaining == 0:
                 continue
-            tuner = autotvm.tuner.XGBTuner(task, loss_type="reg")
-            if history:
-                tuner.load_history(history, min_seed_records=1)
+            starts = [] if key(task) in measured else tutors.starts(task)
+            tuner = _Starting(task, starts, loss_type="reg")
+            if tutors.history.get(key(task)):
+                tuner.load_history(tutors.history[key(task)], min_seed_records=1)
             tuner.tune(
                 n_trial=remaining,
                 early_stopping=None,
                 measure_option=measure,
-                callbacks=[_keep(work_dir)],
+                callbacks=[_keep(work_dir), tutors.learn],
             )
+
+
+class _Tutors:
+    """Tuned tasks whose records teach a tune: a task with records (a tune resumed) goes on
+    from them (:attr:`history`), and a task with none first measures the best configs of its
+    nearest similar tasks (:meth:`starts`), this tune's own among them as they are measured.
+    (AutoTVM's cost model cannot learn another shape's records: the number of its features
+    changes with the loop nest, and XGBoost then refuses to predict.)
+
+    Similar: the same template with the same knobs (a 1x1 convolution's template has other
+    knobs than a 3x3's). A config's knob values are chosen among the task's own (the nearest
+    split factors, the same options), so what is built is a point of its config space whatever
+    the tutor's record holds. Nearest: :func:`.similar.nearest` over the template's tensor
+    arguments.
+    """
+
+    def __init__(self) -> None:
+        #: By task key: the task (with its config space), its form and its sizes.
+        self.tasks: dict[str, tuple[autotvm.task.Task, tuple[Any, ...], Sizes]] = {}
+        #: By task key: its fastest valid configs, (seconds, config), fastest first.
+        self.best: dict[str, list[tuple[float, Any]]] = {}
+        #: By task key: its records (a point of its config space each), as AutoTVM reads them.
+        self.history: dict[str, list[tuple[Any, Any]]] = {}
+
+    @classmethod
+    def of(cls, *tuned: Sequence[Tuned]) -> _Tutors:
+        """The records of every task in ``tuned``, read from its work dir's log."""
+        tutors, folders = cls(), dict[Path, list[autotvm.task.Task]]()
+        for one in (t for group in tuned for t in group):
+            folders.setdefault(one.work_dir, []).append(one.task.native)
+        for folder, natives in folders.items():
+            tutors.read(folder / LOG, natives)
+        return tutors
+
+    def read(self, log: Path, tasks: Sequence[autotvm.task.Task]) -> None:
+        for task in tasks:
+            self.tasks[key(task)] = (task, _form(task), _sizes(task))
+        for record in _records(log):
+            known = self.tasks.get(record.key)
+            if known is None or _outside(record.knobs, known[0].config_space):
+                continue  # another model's, or not what this task's search draws
+            self.history.setdefault(record.key, []).append((record.inp, record.res))
+            if record.seconds is not None:
+                self.add(record.key, record.seconds, record.inp.config)
+
+    def add(self, task_key: str, seconds: float, config: Any) -> None:
+        keep_fastest(self.best.setdefault(task_key, []), seconds, config)
+
+    def learn(self, tuner: Any, inputs: Any, results: Any) -> None:
+        """An AutoTVM callback: a measured task tutors the similar tasks tuned after it."""
+        for inp, res in zip(inputs, results, strict=True):
+            if res.error_no == 0:
+                self.add(key(inp.task), sum(res.costs) / len(res.costs), inp.config)
+
+    def starts(self, task: autotvm.task.Task) -> list[int]:
+        """The configs ``task`` starts from, as indices of its config space: its nearest
+        similar tasks' fastest, each at the nearest point of its space, each once."""
+        form, sizes = _form(task), _sizes(task)
+        near = [(theirs, other) for other, (_, its, theirs) in self.tasks.items()
+                if its == form and other != key(task) and self.best.get(other)]  # fmt: skip
+        found: dict[int, None] = {}
+        for other in nearest(sizes, near):
+            for _, config in self.best[other]:
+                index = _nearest_point(config, task.config_space)
+                if index is not None:
+                    found.setdefault(index)
+        return list(found)[:STARTS]
+
+
+def _form(task: autotvm.task.Task) -> tuple[Any, ...]:
+    """What a config's knobs address: the template, and its knobs' names and kinds."""
+    space = task.config_space.space_map
+    return task.name, tuple((name, type(knob).__name__) for name, knob in space.items())
+
+
+def _sizes(task: autotvm.task.Task) -> Sizes:
+    tensors = [arg[1] for arg in task.args if isinstance(arg, tuple) and arg[:1] == ("TENSOR",)]
+    return [tuple(shape) for shape in tensors], float(task.flop)
+
+
+def _nearest_point(config: Any, space: ConfigSpace) -> int | None:
+    """The index in ``space`` of the point nearest ``config`` (of a similar task's space):
+    each knob's entity whose split factors are nearest, or whose choice is the same; None
+    where a choice is not in ``space`` or the point is one its filter leaves out."""
+    index, stride = 0, 1
+    for name, knob in space.space_map.items():
+        theirs = config[name]
+        choice = _nearest_entity(theirs, knob.entities)
+        if choice is None:
+            return None
+        index += choice * stride
+        stride *= len(knob)
+    return index if space.is_index_valid(index) else None
+
+
+def _nearest_entity(theirs: Any, entities: Sequence[Any]) -> int | None:
+    if isinstance(theirs, SplitEntity):
+        # The first factor is what the others leave (-1 in a record).
+        far = [apart([tuple(theirs.size[1:])], [tuple(e.size[1:])]) for e in entities]
+        best = min(range(len(entities)), key=far.__getitem__, default=None)
+        return best if best is not None and math.isfinite(far[best]) else None
+    field = next((f for f in ("val", "perm", "anns") if hasattr(theirs, f)), None)
+    values = [getattr(e, field, None) for e in entities] if field else []
+    wanted = getattr(theirs, field, None) if field else None
+    return values.index(wanted) if wanted in values else None
+
+
+class _Starting(autotvm.tuner.XGBTuner):  # type: ignore[misc]
+    """XGBTuner whose first batch measures ``starts`` (indices of its space) before its own."""
+
+    def __init__(self, task: autotvm.task.Task, starts: Sequence[int], **options: Any) -> None:
+        super().__init__(task, **options)
+        self.starts = list(starts)
+
+    def next_batch(self, batch_size: int) -> list[Any]:
+        first: list[Any] = []
+        while self.starts and len(first) < batch_size:
+            index = self.starts.pop(0)
+            if index not in self.visited:
+                self.visited.add(index)
+                first.append(self.space.get(index))
+        return first + list(super().next_batch(batch_size - len(first)))
 
 
 def allotments(
@@ -521,11 +647,31 @@ def _outside(knobs: list[list[Any]], space: ConfigSpace) -> str | None:
 
 
 def measurements(work_dir: Path) -> list[Measurement]:
-    log = work_dir / LOG
     causes = read_causes(work_dir / ERRORS_FILE)
-    result = []
+    return [Measurement(r.key, r.seconds, f"{r.error}: {next(causes)}" if r.error else "", r.at)
+            for r in _records(work_dir / LOG)]  # fmt: skip
+
+
+class _Record(NamedTuple):
+    """A record of the log, read through the allowlist (:func:`.records.autotvm_problem`)."""
+
+    key: str
+    inp: Any
+    res: Any
+    #: ``[name, kind, value]`` a knob, as the line spells them.
+    knobs: list[list[Any]]
+    #: The mean of its runs, None for a failed measurement, and then its error's name.
+    seconds: float | None
+    error: str
+    at: float
+
+
+def _records(log: Path) -> Iterator[_Record]:
+    """The records of ``log``, each checked before AutoTVM decodes it: a line that is not one
+    AutoTVM writes is damage (one ``ModelError`` naming the file and the line)."""
     for number, line in record_lines(log):
-        problem = autotvm_problem(json.loads(line), autotvm.task.task.TASK_TABLE)
+        record = json.loads(line)
+        problem = autotvm_problem(record, autotvm.task.task.TASK_TABLE)
         if problem:
             raise damaged(log, number, problem)
         try:
@@ -536,9 +682,7 @@ def measurements(work_dir: Path) -> list[Measurement]:
             at = float(res.timestamp)
         except Exception as err:  # AutoTVM's decoder raises what the line's fields make it raise
             raise damaged(log, number, describe_failure(err)) from err
-        cause = f"{error}: {next(causes)}" if error else ""
-        result.append(Measurement(task_key, seconds, cause, at))
-    return result
+        yield _Record(task_key, inp, res, record["config"]["entity"], seconds, error, at)
 
 
 def flops(task: autotvm.task.Task) -> float:
@@ -657,9 +801,16 @@ def _lowered(
     return tvm.lower(schedule, args, name="main")
 
 
+def similar(tasks: Sequence[TunerTask], tuned: Callable[[], Sequence[Tuned]]) -> int:
+    """How many of ``tasks`` a tune starts from the configs of similar tasks among ``tuned()``."""
+    tutors = _Tutors.of(tuned())
+    return sum(bool(tutors.starts(t.native)) for t in tasks)
+
+
 ADAPTER = Adapter(
     NAME, extract, encode, decode, key, merge, tune, measurements, flops, build,
     (LOG, ERRORS_FILE),
     lambda tasks, work_dir: check_configs([t.native for t in tasks], work_dir / LOG),
     lambda tasks, source, work_dir: adopt_lines(LOG, measurements, tasks, source, work_dir),
+    similar,
 )  # fmt: skip

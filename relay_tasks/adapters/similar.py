@@ -28,6 +28,13 @@ def stem(name: str) -> str:
     return re.sub(r"_\d+$", "", name)
 
 
+def keep_fastest(kept: list[tuple[float, T]], seconds: float, schedule: T) -> None:
+    """Keep ``schedule`` among a task's ``STARTS_EACH`` fastest, fastest first."""
+    kept.append((seconds, schedule))
+    kept.sort(key=lambda pair: pair[0])
+    del kept[STARTS_EACH:]
+
+
 def nearest(mine: Sizes, tutors: Sequence[tuple[Sizes, T]]) -> list[T]:
     """``tutors`` nearest first: closest in the shapes of their buffers, then in FLOPs (DCGAN's
     transposed convolutions all have the same FLOPs, each its own shapes)."""
@@ -36,10 +43,10 @@ def nearest(mine: Sizes, tutors: Sequence[tuple[Sizes, T]]) -> list[T]:
 
 def _nearness(task: Sizes, tutor: Sizes) -> tuple[float, float]:
     """Apart in shapes, then in FLOPs (as |log| of their ratio)."""
-    return _apart(task[0], tutor[0]), abs(math.log((tutor[1] + 1) / (task[1] + 1)))
+    return apart(task[0], tutor[0]), abs(math.log((tutor[1] + 1) / (task[1] + 1)))
 
 
-def _apart(mine: Sequence[tuple[int, ...]], theirs: Sequence[tuple[int, ...]]) -> float:
+def apart(mine: Sequence[tuple[int, ...]], theirs: Sequence[tuple[int, ...]]) -> float:
     """How far two tasks' buffer shapes are: the sum of |log| of each extent's ratio, or
     infinity where the buffers or their ranks differ in number."""
     if [len(s) for s in mine] != [len(s) for s in theirs]:

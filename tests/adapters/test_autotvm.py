@@ -234,7 +234,7 @@ def test_tune_spends_the_budget_on_valid_measurements_and_builds_with_them(
     tmp_path, monkeypatch
 ) -> None:
     """Every template tuned: the build finds a record for each (no default schedule). A resumed
-    tune starts each tuner's cost model from the records already in the log."""
+    tune starts each tuner's cost model from its task's records already in the log."""
     import logging
 
     from tvm.autotvm.task.dispatcher import DispatchContext
@@ -254,7 +254,7 @@ def test_tune_spends_the_budget_on_valid_measurements_and_builds_with_them(
     # 3 trials: 2 for the first template, 1 for the second; resumed to 4, only the second
     # gets one more.
     tuned = tune_in_process("autotvm", tmp_path, [3, 4])
-    assert seeded == [(3, True)]  # the resume, for the one template it tunes: a fitted model
+    assert seeded == [(1, True)]  # the resume, for the one template it tunes: a fitted model
     valid = [(task, s) for task, s in tuned.records if s is not None]
     assert all(0 < s < 1 for _, s in valid)
     first, second = dict.fromkeys(task for task, _ in tuned.records)
@@ -454,3 +454,39 @@ def test_a_failed_builds_cause_is_its_error_not_the_traceback_start() -> None:
     error = tvm.TVMError("InternalError: Check failed: (bound) is false: group mismatch")
     assert failure_cause(_report((traceback, error))) == str(error).splitlines()[-1].strip()
     assert failure_cause(_report("RuntimeError: device lost")) == "RuntimeError: device lost"
+
+
+def test_a_task_starts_from_the_nearest_points_of_its_similar_tasks_fastest_configs(
+    tmp_path,
+) -> None:
+    """A dense of 24 output rows taught by one of 16: the tutor's two fastest configs, each at
+    the nearest point of its own space (an inner factor of 16 rows, which does not divide 24,
+    becomes 12, nearer than 24; the others are kept), fastest first; the slower third is
+    left; another template (``dense_pack``, other knobs) starts from nothing."""
+    from relay_tasks.adapters.autotvm import _Tutors, create_task
+
+    def dense(template: str, rows: int) -> autotvm.task.Task:
+        args = (("TENSOR", (1, 32), "float32"), ("TENSOR", (rows, 32), "float32"), None,
+                "float32")  # fmt: skip
+        return create_task(template, args, tvm.target.Target(X86))
+
+    def config(task: autotvm.task.Task, **factors: int) -> autotvm.task.space.ConfigEntity:
+        space = task.config_space
+        wanted = {name: [-1, factors.get(name, 1)] for name in space.space_map}
+        index = next(i for i in range(len(space)) if all(
+            space.get(i)[name].size == size for name, size in wanted.items()))  # fmt: skip
+        return space.get(index)
+
+    tutor, me = dense("dense_nopack.x86", 16), dense("dense_nopack.x86", 24)
+    other = dense("dense_pack.x86", 24)
+    tutors = _Tutors()
+    tutors.read(tmp_path / "no-log", [tutor, me, other])
+    for seconds, factors in ((2e-5, {"tile_x": 16}), (1e-5, {"tile_x": 4, "tile_k": 8}),
+                             (3e-5, {"tile_x": 2})):  # fmt: skip
+        tutors.add(get_adapter("autotvm").key(tutor), seconds, config(tutor, **factors))
+    starts = [me.config_space.get(index) for index in tutors.starts(me)]
+    assert [{k[0]: k[2] for k in c.to_json_dict()["entity"]} for c in starts] == [
+        {"tile_y": [-1, 1], "tile_x": [-1, 4], "tile_k": [-1, 8]},
+        {"tile_y": [-1, 1], "tile_x": [-1, 12], "tile_k": [-1, 1]},
+    ]
+    assert tutors.starts(other) == []

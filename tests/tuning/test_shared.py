@@ -322,6 +322,73 @@ def test_a_metaschedule_task_without_records_starts_from_a_similar_tasks_best_sc
             "tuned there") in capsys.readouterr().err  # fmt: skip
 
 
+def test_autotvm_tasks_without_records_start_from_similar_tasks_best_configs(
+    tuned, tmp_path, capsys
+) -> None:
+    """The tiny model at batch 8 tuned with ``reuse`` naming the batch-1 work dir: each of its
+    templates' first measurements are the configs the batch-1 task of that template measured
+    fastest, on the new shapes (their split factors all divide 8 rows as they divided 1), and
+    they run; the tune says how many tasks start so. A record planted there claiming the
+    fastest time with a split no search draws (a factor of a million) starts nothing: every
+    config measured is a point of its task's own space."""
+    from relay_tasks import host_target, tune
+    from relay_tasks.adapters import get_adapter
+    from relay_tasks.adapters.autotvm import check_configs
+    from relay_tasks.loaders import load_model
+
+    from tuned_models import write_tiny
+
+    source = _copy(tuned, "autotvm", tmp_path)
+    text, weights = write_tiny(tmp_path, batch=8)
+    mod, params = load_model(text, params=weights)
+    tasks = get_adapter("autotvm").extract(mod, host_target(), params)
+    taught = [json.loads(line) for line in (source / "autotvm.log").read_text().splitlines()]
+    fastest: dict[str, list[Any]] = {}
+    for r in sorted((r for r in taught if r["result"][1] == 0), key=lambda r: sum(r["result"][0])):
+        fastest.setdefault(r["input"][1], []).append(r["config"]["entity"])
+    assert fastest
+    planted = json.loads(json.dumps(taught[0]))
+    planted["config"]["entity"][-1][2] = [-1, 1_000_000]
+    planted["result"] = [[1e-12], 0, 0.0, planted["result"][3]]
+    with (source / "autotvm.log").open("a") as log:
+        log.write(json.dumps(planted) + "\n")
+
+    work = tmp_path / "batch8"
+    tune(tasks, host_target(), tuner="autotvm", trials=12, work_dir=work, reuse=[source])
+    records = [json.loads(line) for line in (work / "autotvm.log").read_text().splitlines()]
+    assert all(r["input"][2][0][1] == [8, 32] for r in records)
+    check_configs([t.native for t in tasks], work / "autotvm.log")  # raises for one outside
+    started = 0
+    for template, best in fastest.items():
+        mine = [r for r in records if r["input"][1] == template]
+        first = min(2, len(best), len(mine))
+        assert [r["config"]["entity"] for r in mine[:first]] == best[:first]
+        assert all(r["result"][1] == 0 for r in mine[:first])  # they run on the new shapes
+        started += first > 0
+    assert started
+    said = (f"relay-tasks: {len(fastest)} of {len(tasks)} tasks to tune start from the best "
+            "schedules of similar tasks tuned there")  # fmt: skip
+    assert said in capsys.readouterr().err
+
+
+def test_autotvm_tunes_a_model_beside_another_shape_of_its_templates(tuned, tmp_path) -> None:
+    """The tiny model at batch 8 tuned into the batch-1 work dir: each task learns only its
+    own records (AutoTVM's cost model fails on another shape's, whose loop nests give it
+    another number of features) and starts from the batch-1 tasks' best configs."""
+    from relay_tasks import host_target, tune
+    from relay_tasks.adapters import get_adapter
+    from relay_tasks.loaders import load_model
+
+    from tuned_models import write_tiny
+
+    work = _copy(tuned, "autotvm", tmp_path)
+    text, weights = write_tiny(tmp_path, batch=8)
+    mod, params = load_model(text, params=weights)
+    tasks = get_adapter("autotvm").extract(mod, host_target(), params)
+    standing = tune(tasks, host_target(), tuner="autotvm", trials=6, work_dir=work)
+    assert standing.valid == 6
+
+
 def test_an_ansor_task_without_records_starts_from_a_similar_tasks_best_states(
     tuned, tmp_path, capsys
 ) -> None:
