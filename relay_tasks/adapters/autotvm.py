@@ -228,9 +228,13 @@ def _dynamic_tensor_shape(args: Any) -> str | None:
     """The first tensor shape in a template's arguments with a run-time dimension, as
     ``(?, 16)``; None when all are static. (Templates traced by layout hooks during the passes
     have no function to name, so the arguments are what there is.)"""
-    tensors = (arg for arg in args if isinstance(arg, tuple) and arg[:1] == ("TENSOR",))
-    shapes = (shape_text(tensor[1]) for tensor in tensors)
+    shapes = (shape_text(tensor[1]) for tensor in _tensor_args(args))
     return next((shape for shape in shapes if shape is not None), None)
+
+
+def _tensor_args(args: Any) -> Iterator[tuple[Any, ...]]:
+    """A template's tensor arguments, ``("TENSOR", shape, dtype)`` each."""
+    return (arg for arg in args if isinstance(arg, tuple) and arg[:1] == ("TENSOR",))
 
 
 def _invalid_shape_error() -> type[Exception]:
@@ -457,8 +461,7 @@ def _form(task: autotvm.task.Task) -> tuple[Any, ...]:
 
 
 def _sizes(task: autotvm.task.Task) -> Sizes:
-    tensors = [arg[1] for arg in task.args if isinstance(arg, tuple) and arg[:1] == ("TENSOR",)]
-    return [tuple(shape) for shape in tensors], float(task.flop)
+    return [tuple(tensor[1]) for tensor in _tensor_args(task.args)], float(task.flop)
 
 
 def _nearest_point(config: Any, space: ConfigSpace) -> int | None:
@@ -480,11 +483,11 @@ def _nearest_entity(theirs: Any, entities: Sequence[Any]) -> int | None:
     if isinstance(theirs, SplitEntity):
         # The first factor is what the others leave (-1 in a record).
         far = [apart([tuple(theirs.size[1:])], [tuple(e.size[1:])]) for e in entities]
-        best = min(range(len(entities)), key=far.__getitem__, default=None)
-        return best if best is not None and math.isfinite(far[best]) else None
-    field = next((f for f in ("val", "perm", "anns") if hasattr(theirs, f)), None)
-    values = [getattr(e, field, None) for e in entities] if field else []
-    wanted = getattr(theirs, field, None) if field else None
+        best = min(range(len(far)), key=far.__getitem__)
+        return best if math.isfinite(far[best]) else None
+    field = next(f for f in _KNOB_VALUE.values() if hasattr(theirs, f))
+    values = [getattr(e, field) for e in entities]
+    wanted = getattr(theirs, field)
     return values.index(wanted) if wanted in values else None
 
 
