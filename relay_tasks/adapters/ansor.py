@@ -329,7 +329,7 @@ def _form(task: auto_scheduler.SearchTask) -> tuple[Any, ...]:
 
 def _sizes(task: auto_scheduler.SearchTask) -> Sizes:
     dag = task.compute_dag
-    return [tuple(int(d) for d in t.shape) for t in dag.tensors], float(dag.flop_ct)
+    return [tuple(int(d) for d in t.shape) for t in dag.tensors], flops(task)
 
 
 class _Starting:
@@ -580,7 +580,14 @@ def _records(log: Path) -> Iterator[_Record]:
 
 
 def flops(task: auto_scheduler.SearchTask) -> float:
-    return float(task.compute_dag.flop_ct)
+    """Ansor's count, or TIR's estimate where Ansor's counter gives up and says -1 (on a
+    ``select``, which global average pooling's divisor holds): a negative count would be shown
+    as such and divide by zero where similar tasks are told apart by their FLOPs."""
+    counted = float(task.compute_dag.flop_ct)
+    if counted >= 0:
+        return counted
+    func = te.create_prim_func(list(task.compute_dag.tensors))
+    return float(tvm.tir.analysis.estimate_tir_flops(tvm.IRModule({"main": func})))
 
 
 def build(

@@ -415,3 +415,26 @@ def test_a_task_starts_from_the_fastest_states_of_the_nearest_tasks_of_its_form(
         (ansor_key(near), 1e-5), (ansor_key(near), 2e-5), (ansor_key(far), 2e-5),
     ][:STARTS] and STARTS_EACH == 2  # fmt: skip
     assert tutors.starts(other) == []
+
+
+def test_a_pools_flops_are_counted_where_ansors_counter_gives_up(tmp_path) -> None:
+    """Ansor counts -1 FLOPs for a compute with a ``select`` (global average pooling's divisor
+    has one): the task's FLOPs are still its operations (each of 8 outputs sums 16 values and
+    divides once), and a pool at another extent, a similar task, starts from its states (the
+    nearness of FLOPs divided by zero on Ansor's -1)."""
+    from relay_tasks.adapters.ansor import _Tutors
+
+    def pool(side: int) -> auto_scheduler.SearchTask:
+        data = relay.var("data", shape=(1, 8, side, side))
+        mod = tvm.IRModule.from_expr(relay.Function([data], relay.nn.global_avg_pool2d(data)))
+        [task] = get_adapter("ansor").extract(mod, X86, None)
+        return task.native
+
+    small, large = pool(4), pool(6)
+    assert small.compute_dag.flop_ct == -1  # what the fallback is for
+    assert get_adapter("ansor").flops(small) == 8 * (16 + 1)
+    tutors = _Tutors()
+    tutors.read(tmp_path / "no-log.json", [small, large])
+    state = small.compute_dag.get_init_state()
+    tutors.add(ansor_key(small), 1e-5, state)
+    assert tutors.starts(large) == [state]
