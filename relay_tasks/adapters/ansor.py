@@ -522,8 +522,8 @@ BATCH = 16
 def _search(budget: int) -> dict[str, Any]:
     """Sketch-policy effort sized for the budget and the round: upstream breeds a population of
     2048 over 4 generations for a round of 64 measurements; a round here measures at most
-    ``BATCH``, a quarter of that, and so breeds at most a quarter (at 2048 the search took 65 s
-    of two cores to a round's 15 s of measuring DCGAN's convolutions)."""
+    ``BATCH``, a quarter of that, and so breeds at most a quarter (at 1632, DCGAN's 256, a
+    round's search took 60-70 s of two cores to its 15 s of measuring)."""
     population = max(64, min(2048 * BATCH // 64, 32 * budget))
     return {
         "evolutionary_search_population": population,
