@@ -58,6 +58,7 @@ from .base import (
     TunerTask,
     cause_lines,
     damaged,
+    failure,
     failure_cause,
     read_causes,
     record_lines,
@@ -542,7 +543,7 @@ def measurements(work_dir: Path) -> list[Measurement]:
             result.append(Measurement(record.key, record.seconds, at=record.at))
         else:
             name = codes.get(record.error_no, f"error {record.error_no}")
-            result.append(Measurement(record.key, None, f"{name}: {next(causes)}", record.at))
+            result.append(Measurement(record.key, None, failure(name, next(causes)), record.at))
     return result
 
 

@@ -50,6 +50,7 @@ from .base import (
     TunerTask,
     cause_lines,
     damaged,
+    failure,
     failure_cause,
     read_causes,
     record_lines,
@@ -610,8 +611,11 @@ def _keep(work_dir: Path) -> Callable[[Any, Any, Any], None]:
 
 def _report(cost: Any) -> str:
     """A failed result's report as lines: a failed build's is a (traceback, error) pair, whose
-    ``str`` is one line of escaped newlines ending in the error."""
-    return "\n".join(map(str, cost)) if isinstance(cost, tuple) else str(cost)
+    ``str`` is one line of escaped newlines ending in the error; an error with no message (the
+    builder's ``TimeoutError()``) is told by its type."""
+    if isinstance(cost, tuple):
+        return "\n".join(map(_report, cost))
+    return str(cost) or (type(cost).__name__ if isinstance(cost, BaseException) else "")
 
 
 def _builder(runner: Runner) -> Any:
@@ -651,7 +655,7 @@ def _outside(knobs: list[list[Any]], space: ConfigSpace) -> str | None:
 
 def measurements(work_dir: Path) -> list[Measurement]:
     causes = read_causes(work_dir / ERRORS_FILE)
-    return [Measurement(r.key, r.seconds, f"{r.error}: {next(causes)}" if r.error else "", r.at)
+    return [Measurement(r.key, r.seconds, failure(r.error, next(causes)) if r.error else "", r.at)
             for r in _records(work_dir / LOG)]  # fmt: skip
 
 

@@ -196,6 +196,12 @@ def failure_cause(error: str) -> str:
     return (lines[-1] if lines else describe_text(error))[:300]
 
 
+def failure(error: str, cause: str) -> str:
+    """A failed measurement as ``status`` shows it: the tuner's error name, then its cause
+    where one was kept (a build timeout's exception says nothing)."""
+    return f"{error}: {cause}" if cause else error
+
+
 def cause_lines(causes: Sequence[str]) -> list[str]:
     """The causes of failed measurements as the lines kept for them, one JSON object each, in
     the order the tuner logs the failures: no tuner keeps them with its records (a failure is
