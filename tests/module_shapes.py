@@ -216,6 +216,22 @@ def optional_and_list_inputs() -> Model:
     ), params
 
 
+def unreachable_dynamic_global() -> Model:
+    """A convolution in ``main`` beside a global function of dynamic shape whose one call
+    folds away: ``main`` keeps only the shape of its result's shape (static, so folded). The VM
+    compiler lowers the global function, but its memory planning drops it first, so it adds no
+    storage-size functions for it (Ansor's ``prod``). Found by the fuzzer on CUDA."""
+    variables, params = _weights(w=(8, 3, 3, 3))
+    data = relay.var("data", shape=(1, 3, 8, 8))
+    seq = relay.var("seq", shape=(relay.Any(), 4, 8))
+    a0 = relay.var("a0", shape=(relay.Any(), 4, 8))
+    mod = tvm.IRModule()
+    f1 = _add_global(mod, "f1", [a0], relay.nn.relu(a0))
+    shape = relay.shape_of(relay.cast(relay.shape_of(f1(seq), "int32"), "float32"), "int32")
+    body = relay.Tuple([_conv_relu(data, variables["w"]), relay.cast(shape, "float32")])
+    return _with_main(mod, body, [data, seq, *variables.values()]), params
+
+
 MODULE_SHAPES: dict[str, Callable[[], Model]] = {
     f.__name__: f
     for f in (
@@ -228,6 +244,7 @@ MODULE_SHAPES: dict[str, Callable[[], Model]] = {
         dynamic_while_loop,
         tuples_in_and_out,
         optional_and_list_inputs,
+        unreachable_dynamic_global,
     )
 }
 #: Ops each model's MetaSchedule tasks (in ``main``) must show, so no row passes on nothing.
@@ -241,6 +258,7 @@ MUST_SHOW = {
     "dynamic_while_loop": ("conv2d",),
     "tuples_in_and_out": ("dense",),
     "optional_and_list_inputs": ("dense", "softmax"),
+    "unreachable_dynamic_global": ("conv2d",),
 }
 #: Modules with several global functions whose Ansor order upstream gives the same on every
 #: call (measured: 6 calls each on x86, cuda and aarch64): built by inserting at most four

@@ -31,7 +31,7 @@ from ..ir import is_primitive_task, node_key
 from ..optimize.pipeline import PassSettings, extraction_scope, optimize
 from ..request import Request
 from .lower import ConstantNames, LoweredTE, flatten_tuple_type, lower_to_te
-from .vm_compiler import compiler_calls
+from .vm_compiler import Call, compiler_calls
 
 
 @dataclass(frozen=True, eq=False)
@@ -41,7 +41,8 @@ class Task:
     ``visits`` are the positions of the function's occurrences among the primitive functions of
     ``main`` in post order (the order upstream's MetaSchedule extraction walks); ``calls`` are the
     positions of its call sites among those the VM compiler lowers, in its order (every global
-    function, loop bodies lifted, dead code dropped: see :func:`compiler_calls`). ``weight`` is
+    function, loop bodies lifted, dead code dropped: see :func:`compiler_calls`), and
+    ``planned`` those of them whose results its memory planning allocates. ``weight`` is
     how many times the function occurs in ``main`` (call sites, for a function only other global
     functions call). ``key`` identifies the function and target across processes and models.
     ``traced`` holds what a tuner's lowering scope recorded while this function was lowered.
@@ -55,6 +56,7 @@ class Task:
     key: str
     visits: tuple[int, ...]
     calls: tuple[int, ...]
+    planned: tuple[int, ...] = ()
     traced: tuple[Any, ...] = ()
 
     @property
@@ -75,10 +77,11 @@ class _Group:
     func: relay.Function
     visits: list[int] = field(default_factory=list)
     calls: list[int] = field(default_factory=list)
+    planned: list[int] = field(default_factory=list)
 
 
 #: The primitive functions a compiler lowers from a fused module, one per call site, in order.
-CallOrder = Callable[[IRModule], list[relay.Function]]
+CallOrder = Callable[[IRModule], list[Call]]
 
 #: Entered around the TE lowering of each distinct function (a tuner's tracing environment, for
 #: instance); the list it yields is filled while lowering and kept as ``Task.traced``.
@@ -163,9 +166,11 @@ def group_primitive_functions(fused: IRModule, call_order: CallOrder | None) -> 
     for index, func in enumerate(_post_order(fused["main"])):
         group = seen[node_key(func)] = group_of(func)
         group.visits.append(index)
-    for index, func in enumerate(call_order(fused) if call_order else ()):
+    for index, (func, planned) in enumerate(call_order(fused) if call_order else ()):
         group = seen.get(node_key(func)) or group_of(func)
         group.calls.append(index)
+        if planned:
+            group.planned.append(index)
     return groups
 
 
@@ -270,6 +275,7 @@ def _lower_groups(
             weight=len(g.visits) or len(g.calls),
             visits=tuple(g.visits),
             calls=tuple(g.calls),
+            planned=tuple(g.planned),
             traced=lowered[id(g)][1],
         )
         for g in groups
@@ -340,6 +346,7 @@ def make_task(
     weight: int,
     visits: tuple[int, ...] = (),
     calls: tuple[int, ...] = (),
+    planned: tuple[int, ...] = (),
     traced: tuple[Any, ...] = (),
 ) -> Task:
     """The task record of a lowered primitive function (its key: structural hash, in hex)."""
@@ -352,5 +359,6 @@ def make_task(
         key=f"{tvm.ir.structural_hash(func) & (2**64 - 1):016x}",
         visits=visits,
         calls=calls,
+        planned=planned,
         traced=traced,
     )

@@ -82,14 +82,15 @@ def storage_size_tasks(
 ) -> list[Task]:
     """The storage-size functions the VM's memory planning adds for dynamic shapes, as tasks.
 
-    For each call of a function whose result shape is known only at run time, ``ManifestAlloc``
+    For each planned call (:class:`~.vm_compiler.Call`) of a function whose result shape is
+    known only at run time, ``ManifestAlloc``
     computes the byte size of each output in Relay, ``prod(shape) * item size``, and the compiler
     fuses and lowers those like the model's own functions: a ``prod`` over the int64 shape
     vector and a scalar ``multiply``, each a function of its own. Upstream's Ansor extraction
     compiles the model, so they are among its tasks; they are returned here in the order the
     compiler lowers them, equal functions merged, weighted by their uses.
     """
-    calls = sorted((c, i) for i, task in enumerate(in_call_order) for c in task.calls)
+    calls = sorted((c, i) for i, task in enumerate(in_call_order) for c in task.planned)
     # A prod is told apart by the rank it reduces, a multiply by the item size: count the uses
     # of each, in the order the compiler first lowers them.
     uses: dict[tuple[str, int], int] = {}

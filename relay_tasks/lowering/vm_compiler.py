@@ -5,12 +5,13 @@ Before lowering, the compiler plans devices, puts the fused module in A-normal f
 functions (loop bodies, closures) to global ones and drops dead code; its lowering pass then
 visits every global function, in the module's own iteration order, each in evaluation order, and
 lowers each call of a primitive function. The same passes run here (cheap: nothing is lowered),
-then the same walk.
+then the same walk. After lowering, its memory planning first drops the global functions ``main``
+does not reach, so only calls in the others get storage planned (see :class:`Call`).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import tvm
 from tvm import relay
@@ -26,16 +27,27 @@ from ..ir import (
 )
 
 
-def compiler_calls(fused: IRModule) -> list[relay.Function]:
+class Call(NamedTuple):
+    """One call site the VM compiler lowers: the primitive function called, and whether its
+    memory planning sees the call. It plans only the global functions ``main`` reaches
+    (``RemoveUnusedFunctions`` opens its memory passes), yet it has lowered every one: a
+    function whose only caller is unreachable is traced by Ansor but gets no storage-size
+    functions."""
+
+    func: relay.Function
+    planned: bool
+
+
+def compiler_calls(fused: IRModule) -> list[Call]:
     """The primitive functions the VM compiler lowers from ``fused``, one per call site."""
     if len(fused.functions) == 1:
         straight = _straight_line_calls(fused["main"])
         if straight is not None:
-            return straight
+            return [Call(func, True) for func in straight]
     return calls_after_passes(fused)
 
 
-def calls_after_passes(fused: IRModule) -> list[relay.Function]:
+def calls_after_passes(fused: IRModule) -> list[Call]:
     """:func:`compiler_calls` the long way: the compiler's own passes, then the walk."""
     transform = relay.transform
     shaped = fused
@@ -54,11 +66,27 @@ def calls_after_passes(fused: IRModule) -> list[relay.Function]:
                 f"after fusion: {diagnostic_text(messages, err)} (upstream's extraction fails "
                 "here too; MetaSchedule, which walks main only, can still extract it)"
             ) from err
-    called: list[relay.Function] = []
-    for _, func in shaped.functions.items():
+    reached = _reached_from_main(shaped)
+    called: list[Call] = []
+    for var, func in shaped.functions.items():
         if isinstance(func, relay.Function) and is_optimizable(func):
-            called += _calls_in(func)
+            called += [Call(f, var.name_hint in reached) for f in _calls_in(func)]
     return called
+
+
+def _reached_from_main(mod: IRModule) -> set[str]:
+    """The names of the global functions ``main`` refers to, directly or through others."""
+    reached, todo = set(), ["main"]
+    while todo:
+        name = todo.pop()
+        if name in reached or name not in [v.name_hint for v in mod.get_global_vars()]:
+            continue
+        reached.add(name)
+        relay.analysis.post_order_visit(
+            mod[name],
+            lambda node: todo.append(node.name_hint) if isinstance(node, relay.GlobalVar) else None,
+        )
+    return reached
 
 
 def _straight_line_calls(main: relay.Function) -> list[relay.Function] | None:

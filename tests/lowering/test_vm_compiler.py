@@ -26,8 +26,15 @@ def _fused(mod: tvm.IRModule, params: dict, target: str) -> tvm.IRModule:
         return optimize(module, as_params(params, module))
 
 
-def _keys(funcs: list[relay.Function]) -> list[int]:
-    return [int(tvm.ir.structural_hash(f)) for f in funcs]
+def _keys(calls: list) -> list[tuple[int, bool]]:
+    """Each call's function (by structural hash) and whether memory planning sees it; the
+    shortcut's plain functions are all in ``main``, so all planned."""
+    return [
+        (int(tvm.ir.structural_hash(c)), True)
+        if isinstance(c, relay.Function)
+        else (int(tvm.ir.structural_hash(c.func)), c.planned)
+        for c in calls
+    ]
 
 
 @pytest.mark.parametrize("target", [X86, CUDA], ids=["x86", "cuda"])
