@@ -422,6 +422,38 @@ def _dyn_reshape(b: _Builder, x: Value) -> Value:
     return b.infer(relay.reshape(x.expr, newshape))
 
 
+def _shape_arith(b: _Builder, x: Value) -> Value:
+    """A shape computed from a shape: x's shape read, cast, multiplied or sliced, and fed to an
+    op that takes a shape at run time (a ``dyn.broadcast_to`` of a constant, a ``dyn.reshape``,
+    a ``dyn.full``); static where x is, so folding makes it static, dynamic where x is not."""
+    shape = relay.shape_of(x.expr, "int64")
+    kind = b.draw(st.sampled_from(["broadcast", "reshape", "full", "shape_of_shape"]))
+    if kind == "broadcast":
+        filled = relay.broadcast_to(b.weight((1,) * len(x.shape), x.dtype), shape)
+        return b.infer(x.expr + filled)
+    if kind == "reshape":
+        doubled = relay.multiply(relay.take(shape, relay.const([0], "int64")),
+                                 relay.const(1, "int64"))  # fmt: skip
+        return b.infer(relay.reshape(x.expr, relay.concatenate(
+            [doubled, relay.const([-1], "int64")], axis=0)))  # fmt: skip
+    if kind == "full":
+        return b.infer(x.expr * relay.full(b.scalar(x.dtype), shape, x.dtype))
+    twice = relay.shape_of(relay.cast(shape, "float32"), "int32")  # static: [rank]
+    return b.infer(relay.cast(twice, x.dtype))
+
+
+def _shared_constant(b: _Builder, x: Value) -> Value:
+    """One constant used by several ops that fuse into one function (``where(x > c, c, x * c)``
+    and kin): upstream's passes keep it one object, so the fused function takes it once."""
+    c = b.weight((1,) * len(x.shape) if b.draw(st.booleans()) else (), x.dtype)
+    kind = b.draw(st.sampled_from(["where", "affine", "clip_like"]))
+    if kind == "where":
+        return b.infer(relay.where(relay.greater(x.expr, c), c, x.expr * c))
+    if kind == "affine":
+        return b.infer((x.expr + c) * c - c)
+    return b.infer(relay.maximum(relay.minimum(x.expr, c), relay.negative(c)))
+
+
 def _same_shape(b: _Builder, x: Value) -> relay.Expr:
     """An op whose result has x's type, for the two arms of an ``If``, a loop body or a
     function that must return what it takes."""
@@ -488,6 +520,20 @@ def _global_call(b: _Builder, x: Value) -> Value:
     ret = relay.TensorType([relay.Any() if d is None else d for d in x.shape], x.dtype)
     gvar = relay.GlobalVar(f"f{next(b.names)}")
     b.mod[gvar] = relay.Function([arg.expr], body, ret_type=ret)
+    others = [g for g in b.mod.get_global_vars() if g.name_hint.startswith("f") and g != gvar]
+    callee = b.mod[others[-1]] if others else None
+    if (
+        callee is not None
+        and b.draw(st.booleans())
+        and len(callee.params) == 1
+        and tvm.ir.structural_equal(callee.params[0].type_annotation, ret)
+        and tvm.ir.structural_equal(callee.ret_type, ret)
+    ):
+        # A global function that calls an earlier one of the same type (several, nested).
+        outer, inner = _local(b, x, "a"), relay.GlobalVar(f"f{next(b.names)}")
+        b.mod[inner] = relay.Function([outer.expr], relay.Call(gvar, [relay.Call(others[-1], [
+            outer.expr])]), ret_type=ret)  # fmt: skip
+        gvar = inner
     return b.infer(relay.Call(gvar, [x.expr]))
 
 
@@ -546,6 +592,8 @@ OPS: dict[str, tuple[Op, tuple[int, ...]]] = {
     "if": (_if, (1, 2, 3, 4)),
     "while_loop": (_while_loop, (1, 2, 3, 4)),
     "global_call": (_global_call, (1, 2, 3, 4)),
+    "shape_arith": (_shape_arith, (1, 2, 3, 4)),
+    "shared_constant": (_shared_constant, (1, 2, 3, 4)),
     "prelude_list": (_prelude_list, (1, 2, 3, 4)),
 }
 
@@ -604,8 +652,9 @@ def relay_graphs(draw: Callable, max_ops: int = 8) -> Graph:
     """A random Relay module of 1..max_ops ops on one float32 input, with its params.
 
     One graph in four has a dynamic batch (``relay.Any()``), one rank-4 input in four dynamic
-    height and width: ops that read a dimension to build weights or attributes are then drawn
-    only where that dimension is static. Up to three outputs, sometimes as a nested tuple.
+    height and width, one rank-3 input in four a dynamic sequence (axis 1): ops that read a
+    dimension to build weights or attributes are then drawn only where that dimension is static.
+    Up to three outputs, sometimes as a nested tuple.
     """
     b = _Builder(draw, draw(st.integers(0, 2**32 - 1)))
     shape: tuple[int | None, ...] = draw(_INPUT_SHAPES)
@@ -613,6 +662,8 @@ def relay_graphs(draw: Callable, max_ops: int = 8) -> Graph:
         shape = (None, *shape[1:])
     if len(shape) == 4 and draw(st.sampled_from([False, False, False, True])):
         shape = (*shape[:2], None, None)
+    if len(shape) == 3 and draw(st.sampled_from([False, False, False, True])):
+        shape = (shape[0], None, shape[2])
     relay_shape = [relay.Any() if d is None else d for d in shape]
     data = relay.var("data", shape=relay_shape, dtype="float32")
     b.values.append(Value(data, shape, "float32"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -98,6 +99,27 @@ def test_tflite_model(tmp_path, target: str) -> None:
     assert assert_meta_schedule_matches(mod, params, target)
     assert assert_autotvm_matches(mod, params, target)
     assert assert_ansor_matches(mod, params, target)
+
+
+#: A model of ONNX's own backend tests (shipped in the ``onnx`` package): one constant feeds two
+#: ``where`` calls of one fused function, one of them inside the cut where our SimplifyExpr ran
+#: TVM's pass, the other outside it. TVM's passes copy the constant once for the whole graph, so
+#: FuseOps makes one parameter of it; ours had two (an extra buffer in the TIR).
+NLLLOSS = "test_nllloss_NCd1d2d3_none_no_weight_negative_ii_expanded"
+
+
+@pytest.mark.parametrize("target", [X86, CUDA], ids=["x86", "cuda"])
+def test_a_constant_two_calls_share_stays_one_parameter(target: str) -> None:
+    import onnx
+
+    path = Path(onnx.__file__).parent / "backend/test/data/node" / NLLLOSS / "model.onnx"
+    mod, params = load_model(path)
+    tasks = assert_meta_schedule_matches(mod, params, target)
+    where = next(t for t in tasks if "where" in t.task_name)
+    (func,) = where.mod.functions.values()
+    assert len(func.params) == 5, func
+    assert assert_autotvm_matches(mod, params, target) == []  # no tunable op
+    assert_ansor_matches(mod, params, target, include_simple_tasks=True)
 
 
 #: Upstream's three entry points, read when called (the drop-in replaces them), with what each

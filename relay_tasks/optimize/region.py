@@ -20,7 +20,8 @@ from typing import Any
 import tvm
 from tvm import relay
 
-from ..ir import node_key, reads_of, rebuild, with_children
+from ..ir import node_key, raw_data, reads_of, rebuild, with_children
+from .placeholders import buffer_address
 
 PassOnModule = Callable[[tvm.IRModule], tvm.IRModule]
 
@@ -59,11 +60,44 @@ def run_on_region(
     if not isinstance(done.body, relay.Tuple) or len(done.body.fields) != len(outputs):
         return None
     cut_of = {node_key(var): key for key, var in inputs.items()}
-    origins: dict[int, int | relay.Var] = {
+    origins: dict[int, int | relay.Expr] = {
         node_key(new): cut_of.get(node_key(old), old)
         for new, old in zip(done.params, small.params, strict=True)
     }
+    origins.update(_constants_kept(small, done))
     return _splice(graph, region, dict(zip(outputs, done.body.fields, strict=True)), origins)
+
+
+def _constants_kept(before: relay.Function, after: relay.Function) -> dict[int, relay.Constant]:
+    """The constants of the pass's result that are constants of the cut, copied: TVM's passes
+    rebuild each Constant node around the same array. Each is placed as the model's own node, so
+    a constant the cut shares with calls outside it stays one object, as the pass on the whole
+    function keeps it (FuseOps makes one parameter of one object, two of two equal ones). An
+    array two of the cut's constants hold is left alone: which one a copy stands for is lost."""
+    originals: dict[tuple[Any, ...], list[relay.Constant]] = {}
+    for const in _constants(before):
+        found = originals.setdefault(_array_of(const), [])
+        if not any(const.same_as(other) for other in found):
+            found.append(const)
+    kept: dict[int, relay.Constant] = {}
+    for const in _constants(after):
+        found = originals.get(_array_of(const), [])
+        if len(found) == 1 and _array_of(const)[0]:  # an empty array has no address
+            kept[node_key(const)] = found[0]
+    return kept
+
+
+def _array_of(const: relay.Constant) -> tuple[Any, ...]:
+    data = raw_data(const)
+    return buffer_address(data), tuple(data.shape), str(data.dtype)
+
+
+def _constants(func: relay.Function) -> list[relay.Constant]:
+    found: list[relay.Constant] = []
+    relay.analysis.post_order_visit(
+        func, lambda node: found.append(node) if isinstance(node, relay.Constant) else None
+    )
+    return found
 
 
 class _Graph:
@@ -140,7 +174,7 @@ def _cut(graph: _Graph, region: set[int]) -> tuple[dict[int, Any], dict[int, rel
 
 
 def _splice(
-    graph: _Graph, region: set[int], outputs: dict[int, Any], origins: dict[int, int | relay.Var]
+    graph: _Graph, region: set[int], outputs: dict[int, Any], origins: dict[int, int | relay.Expr]
 ) -> relay.Function:
     """The whole function again, each region output replaced by the pass's result for it.
 
