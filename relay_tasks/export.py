@@ -31,6 +31,7 @@ from tvm.target import Target
 from .adapters import ADAPTERS, Adapter, TunerTask, get_adapter
 from .errors import ModelError, describe_failure
 from .inputs import as_target
+from .targets import target_problem
 
 FORMAT = "relay-tasks/3"
 #: Formats older releases wrote, and why they are not read.
@@ -147,6 +148,9 @@ def _read(document: Any) -> TaskFile:
     if document["tuner"] not in ADAPTERS:
         raise _Damaged(f"unknown tuner {document['tuner']!r}")
     adapter = get_adapter(document["tuner"])
+    problem = target_problem(document["target"])
+    if problem is not None:
+        raise _Damaged(f"{problem}; {HOW_TO_REWRITE}")
     target = as_target(document["target"])
 
     def derive(report: Callable[[int], None] = lambda index: None) -> list[TunerTask]:

@@ -565,10 +565,10 @@ def _records(log: Path) -> Iterator[_Record]:
     naming the file and the line."""
     for number, line in record_lines(log):
         try:
-            steps = json.loads(line)["i"][1][1]  # {"i": [task, [stages, steps]], "r": result}
-        except (KeyError, IndexError, TypeError) as err:
+            task, (_, steps) = json.loads(line)["i"]  # {"i": [task, [stages, steps]], "r": ...}
+        except (KeyError, IndexError, TypeError, ValueError) as err:
             raise damaged(log, number, f"not an Ansor record ({type(err).__name__})") from err
-        problem = ansor_problem(steps)
+        problem = ansor_problem(task, steps)
         if problem:
             raise damaged(log, number, problem)
         try:

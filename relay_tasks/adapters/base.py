@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ModelError, describe_text
+from ..files import read_regular
 from ..lowering.extract import Task
 
 
@@ -164,12 +165,10 @@ def record_lines(path: Path) -> list[tuple[int, str]]:
     that is not JSON anywhere else is damage no crash makes: one ``ModelError`` naming the file
     and the line.
     """
-    if not path.exists():
+    data = read_regular(path)  # a FIFO or a device in its place is refused, never waited on
+    if data is None:
         return []
-    try:
-        text = path.read_bytes().decode("utf-8", errors="replace")
-    except OSError as err:
-        raise ModelError(f"{path}: cannot read the records ({err.strerror})") from err
+    text = data.decode("utf-8", errors="replace")
     numbered = [(n, line) for n, line in enumerate(text.split("\n"), start=1) if line.strip()]
     for position, (number, line) in enumerate(numbered):
         try:

@@ -27,6 +27,7 @@ from tvm import meta_schedule as ms
 from tvm.ir import IRModule
 
 from ..errors import describe_failure
+from ..files import read_regular
 from .base import cause_lines, damaged, record_lines
 from .journal import locked, write_locked
 from .records import trace_problem
@@ -118,11 +119,8 @@ class WorkDatabase:
         """The keys of the workload lines written since the last look (called holding the
         lock: every line but one a dead writer cut is whole)."""
         path = self.work_dir / WORKLOADS
-        try:
-            with path.open("rb") as handle:
-                handle.seek(self.read_to)
-                data = handle.read()
-        except FileNotFoundError:
+        data = read_regular(path, offset=self.read_to)
+        if data is None:
             return []
         whole = data[: data.rfind(b"\n") + 1]
         self.read_to += len(whole)

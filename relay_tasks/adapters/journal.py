@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from ..errors import DamagedRecordWarning, TuningError, warn
+from ..files import read_regular
 from .base import Measurement, TunerTask, record_lines
 
 #: The lock file, in the work dir.
@@ -118,7 +119,7 @@ def set_aside_cut_line(path: Path) -> None:
     was one. Call it holding the lock, so that no writer is mid-line."""
     if whole(path):
         return  # the common case, from the last byte alone (a log grows to megabytes)
-    data = path.read_bytes()
+    data = read_regular(path) or b""
     start = data.rfind(b"\n") + 1
     aside = path.with_name(path.name + DAMAGED_SUFFIX)
     try:
@@ -142,13 +143,11 @@ def set_aside_cut_line(path: Path) -> None:
 def whole(path: Path) -> bool:
     """Whether ``path`` is missing, empty or ends its last line (a cut line does not)."""
     try:
-        with path.open("rb") as handle:
-            if handle.seek(0, os.SEEK_END) == 0:
-                return True
-            handle.seek(-1, os.SEEK_END)
-            return handle.read(1) == b"\n"
+        size = os.lstat(path).st_size
     except FileNotFoundError:
         return True
+    last = read_regular(path, offset=max(size - 1, 0))  # refuses what is no regular file
+    return not last or last.endswith(b"\n")
 
 
 def _is_json(line: bytes) -> bool:

@@ -14,6 +14,8 @@ import json
 import re
 from typing import Any
 
+from ..targets import target_problem
+
 #: Schedule instructions MetaSchedule's search and postprocessors write (TVM's registered
 #: instruction kinds, less the two marked unsafe).
 TRACE_INSTRUCTIONS = frozenset(
@@ -303,8 +305,14 @@ def _has_cycle(edges: dict[int, list[int]]) -> bool:
     return False
 
 
-def ansor_problem(steps: Any) -> str | None:
-    """Why an Ansor record's transform steps are not ones Ansor's search writes, or None."""
+def ansor_problem(task: Any, steps: Any) -> str | None:
+    """Why an Ansor record's task names a target a file may not (:mod:`relay_tasks.targets`),
+    or its transform steps are not ones Ansor's search writes, or None."""
+    if not isinstance(task, list) or len(task) < 4:
+        return "its task is not a list of Ansor's fields"
+    problem = target_problem(task[1]) or (task[3] and target_problem(task[3]))
+    if problem:
+        return problem
     if not isinstance(steps, list):
         return "its steps are not a list"
     for step in steps:
@@ -325,10 +333,13 @@ def autotvm_problem(record: Any, templates: Any) -> str | None:
     """Why an AutoTVM record does not name one of ``templates`` with knobs of plain values, or
     None (a knob's value only ever fills a choice its template makes)."""
     try:
-        template = record["input"][1]
+        target, template = record["input"][:2]
         entity = record["config"]["entity"]
-    except (KeyError, IndexError, TypeError):
+    except (KeyError, IndexError, TypeError, ValueError):
         return "it is not an AutoTVM record"
+    problem = target_problem(target)
+    if problem:
+        return problem
     if not _one_of(template, templates):
         return f"it names {str(template)[:60]!r}, which is no registered AutoTVM template"
     for knob in entity if isinstance(entity, list) else [None]:

@@ -36,6 +36,7 @@ from ..adapters.base import Measurement, Runner, Tuned, merge_equal
 from ..adapters.journal import locked, open_appending, set_aside_cut_line
 from ..errors import ModelError, TuningError, TuningInterrupted, UsageError, describe_text
 from ..export import TaskFile, dumps, load_tasks, tasks_document
+from ..files import read_regular
 from ..inputs import TargetLike, as_target
 from .defaults import read_defaults, stale_defaults
 from .device import check_runs_here, check_tracker, devices_left
@@ -238,8 +239,8 @@ def tasks_in(work_dir: str | Path) -> TaskFile:
 def _models_of(path: Path) -> set[str]:
     """The models a task file names (read only to compare names; nothing else of it is)."""
     try:
-        models = json.loads(path.read_text()).get("models")
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError, AttributeError):
+        models = json.loads(read_regular(path, follow=True) or b"{}").get("models")
+    except (ModelError, UnicodeDecodeError, ValueError, RecursionError, AttributeError):
         return set()
     return {m for m in models if isinstance(m, str)} if isinstance(models, list) else set()
 
@@ -248,7 +249,7 @@ def tuned_for(work_dir: str | Path) -> TaskFile:
     """The task file a tune left in ``work_dir``: what it tuned, with which tuner, for which
     target (what ``status`` and ``compile`` read)."""
     folder = Path(work_dir)
-    if not (folder / TASKS_FILE).is_file():
+    if not os.path.lexists(folder / TASKS_FILE):  # what else it is, load_tasks says
         raise UsageError(f"{folder} is not a relay-tasks work dir (no {TASKS_FILE}); "
                          "give the --work-dir of a tune")  # fmt: skip
     return load_tasks(folder / TASKS_FILE)
@@ -276,11 +277,12 @@ def check_same_tuning(folder: Path, adapter: Adapter, target: Any) -> None:
 def _tuned_before(folder: Path) -> tuple[str, str] | None:
     """The tuner and target of the last tune in ``folder`` (its task file's header)."""
     path = folder / TASKS_FILE
-    if not path.exists():
-        return None
     try:
-        document = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:
+        text = read_regular(path, follow=True)  # never waits on a FIFO in its place
+        if text is None:
+            return None
+        document = json.loads(text)
+    except (UnicodeDecodeError, ValueError, RecursionError) as err:
         raise ModelError(f"{path}: cannot read the work dir's task file ({err}); restore it, or "
                          "give another --work-dir") from err  # fmt: skip
     tuner = document.get("tuner") if isinstance(document, dict) else None

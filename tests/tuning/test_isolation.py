@@ -119,6 +119,65 @@ def test_the_tune_log_is_not_followed_out_of_the_work_dir(tiny, tuned, tmp_path,
     assert elsewhere.read_text() == "the user's file\n"
 
 
+#: Where a record names its target: AutoTVM's first input field, Ansor's task's second.
+_RECORD_TARGETS = {
+    "autotvm": lambda record: record["input"],
+    "ansor": lambda record: record["i"][0],
+}
+
+
+@pytest.mark.parametrize("tuner", sorted(_RECORD_TARGETS))
+def test_a_records_target_with_cl_opt_is_refused(tuner, tiny, tuned, tmp_path, capsys):
+    """A record whose target carries ``-cl-opt`` (each tuner's record reader parses it with
+    TVM's grammar) is damage, named with its file and line, before any tuner reads the log."""
+    work = tmp_path / "work"
+    shutil.copytree(tuned[tuner], work)
+    log = work / LOGS[tuner]
+    record = json.loads(log.read_text().splitlines()[-1])
+    fields = _RECORD_TARGETS[tuner](record)
+    index = 0 if tuner == "autotvm" else 1
+    fields[index] += " -cl-opt=-dot-cfg-dir:string=" + str(tmp_path)
+    with log.open("a") as handle:
+        handle.write(json.dumps(record) + "\n")
+    assert main(["status", "--work-dir", str(work)]) == 3
+    err = capsys.readouterr().err
+    assert f"{log.name}, line" in err and "its target sets '-cl-opt'" in err, err
+    assert main(tune_argv(tiny, tuner, work, 5)) == 3
+    assert "its target sets '-cl-opt'" in capsys.readouterr().err
+
+
+#: Every file a command reads from a work dir, by the tuner whose work dir holds it.
+_READ_FILES = [
+    ("meta_schedule", "database_workload.json"),
+    ("meta_schedule", "database_tuning_record.json"),
+    ("meta_schedule", "meta_schedule_times.jsonl"),
+    ("autotvm", "autotvm.log"),
+    ("ansor", "ansor.json"),
+    ("ansor", "defaults.jsonl"),
+    ("autotvm", "tasks.json"),
+]
+
+
+@pytest.mark.timeout(120)  # before the fix, each of these waited for a writer for ever
+@pytest.mark.parametrize(("tuner", "name"), _READ_FILES)
+def test_a_fifo_in_place_of_a_work_dir_file_is_refused_not_waited_on(
+    tuner, name, tiny, tuned, tmp_path, capsys
+):
+    work = tmp_path / "work"
+    shutil.copytree(tuned[tuner], work)
+    (work / name).unlink(missing_ok=True)
+    os.mkfifo(work / name)
+    for argv in (["status", "--work-dir", str(work)],
+                 ["compile", str(tiny[0]), "--params", str(tiny[1]), "--work-dir", str(work),
+                  "-o", str(tmp_path / "model.tar")],
+                 tune_argv(tiny, tuner, work, 5)):  # fmt: skip
+        assert main(argv) == 3, argv[0]
+        err = capsys.readouterr().err
+        assert "not a regular file" in err, (argv[0], err)
+        assert name in err, err
+    assert not (tmp_path / "model.tar").exists()
+
+
 def test_a_task_name_does_not_place_files_outside_the_work_dir(tmp_path) -> None:
     from relay_tasks.adapters.meta_schedule import _file_part
 
