@@ -49,8 +49,8 @@ def load_torchscript(
     A ``torch.save`` checkpoint is a pickle, and unpickling runs code, so it is refused before
     torch ever reads it.
     """
-    _check_archive(path)
     torch = import_torch()
+    _check_archive(path, torch)
     try:
         script = torch.jit.load(str(path), map_location="cpu")
     except Exception as err:
@@ -58,28 +58,45 @@ def load_torchscript(
     return convert_script_module(script, shapes, dtypes, source=path)
 
 
-def _check_archive(path: Path) -> None:
+def _check_archive(path: Path, torch: Any) -> None:
+    """Screen the archive's code as torch will load it: its zip directory first (one folder,
+    plain names, each once, code files within :data:`MAX_CODE_BYTES`: Python's ``zipfile``
+    returns the last of two equal names, torch's reader the first), then every code file read
+    through torch's own reader, then parsed against the allowlist. Anything it cannot read
+    this way is refused, never skipped."""
     try:
         with zipfile.ZipFile(path) as archive:
-            names = archive.namelist()
-            code = {
-                name: archive.read(name)
-                for name in names
-                if "/code/" in name
-                and name.endswith(".py")
-                and archive.getinfo(name).file_size < MAX_CODE_BYTES
-            }
+            entries = archive.infolist()
     except (OSError, zipfile.BadZipFile) as err:
         raise ModelError(
             f"{path}: not a TorchScript file (not a zip archive: {err}); save the model with "
             f"torch.jit.trace(model, example_inputs).save(path), or {ONNX_WAY_IN}"
         ) from err
-    if not any("/code/" in name or name.endswith("/constants.pkl") for name in names):
+    problem = _directory_problem(entries)
+    if problem:
+        raise ModelError(
+            f"{path}: {problem}, which torch.jit.save never writes; save the model again with "
+            "torch.jit.trace(model, example_inputs).save(path)"
+        )
+    names = [entry.filename.split("/", 1)[1] for entry in entries]
+    if not any(name.startswith("code/") or name == "constants.pkl" for name in names):
         raise ModelError(
             f"{path}: a torch.save checkpoint, not TorchScript (relay-tasks does not unpickle "
             "model files: unpickling runs code); save the model with "
             f"torch.jit.trace(model, example_inputs).save(path), or {ONNX_WAY_IN}"
         )
+    try:
+        reader = torch._C.PyTorchFileReader(str(path))
+        records = list(reader.get_all_records())
+        code = {name: bytes(reader.get_record(name)) for name in records if _is_code(name)}
+    except Exception as err:  # torch's reader raises RuntimeError on what it cannot read
+        raise ModelError(f"{path}: cannot load the TorchScript file: {_load_failure(err)}") from err
+    if sorted(code) != sorted(name for name in names if _is_code(name)):
+        raise ModelError(f"{path}: torch's reader sees other code files than its zip directory "
+                         "lists; save the model again")  # fmt: skip
+    if any(len(source) > MAX_CODE_BYTES for source in code.values()):
+        raise ModelError(f"{path}: a code file larger than its zip directory says; save the "
+                         "model again")  # fmt: skip
     trees = {name: _parsed(source) for name, source in code.items()}
     methods = {n.name for tree in trees.values() if tree for n in ast.walk(tree)
                if isinstance(n, ast.FunctionDef)}  # fmt: skip
@@ -87,7 +104,7 @@ def _check_archive(path: Path) -> None:
         problem = _code_problem(tree, methods)
         if problem:
             raise ModelError(
-                f"{path}: its TorchScript code ({name.split('/code/', 1)[1]}) {problem}; "
+                f"{path}: its TorchScript code ({name.removeprefix('code/')}) {problem}; "
                 "relay-tasks loads only what TVM's PyTorch frontend converts (TorchScript is "
                 f"code, and loading some of it runs it); {ONNX_WAY_IN}"
             )
@@ -95,6 +112,35 @@ def _check_archive(path: Path) -> None:
 
 #: TorchScript files hold each module's code as Python-like source; a model's is small.
 MAX_CODE_BYTES = 16 * 2**20
+#: A name inside the archive's folder (named after the file: any name but a way up), plain
+#: components below it.
+_ENTRY = re.compile(r"[^/\\\x00]{1,255}(/[A-Za-z0-9_.\-]{1,255}){1,63}\Z")
+
+
+def _is_code(name: str) -> bool:
+    """A module's source, as torch's reader names it (``code/__torch__/....py``)."""
+    return name.startswith("code/") and name.endswith(".py")
+
+
+def _directory_problem(entries: Sequence[zipfile.ZipInfo]) -> str | None:
+    """Why a zip directory is not one ``torch.jit.save`` writes, or None."""
+    if not entries:
+        return "an empty archive"
+    folder = entries[0].filename.split("/", 1)[0]
+    seen: set[str] = set()
+    for entry in entries:
+        name = entry.filename
+        parts = name.split("/")
+        if not _ENTRY.match(name) or {".", ".."} & set(parts) or parts[0] != folder:
+            return f"an entry {name[:60]!r} outside the archive's folder {folder[:60]!r}"
+        if name in seen:
+            return f"two entries named {name[:60]!r}"
+        seen.add(name)
+        if _is_code(name.split("/", 1)[1]) and entry.file_size > MAX_CODE_BYTES:
+            return f"a code file of {entry.file_size:,} bytes ({name[:60]})"
+    return None
+
+
 #: Builtins the TorchScript serializer writes into traced and scripted modules.
 _BUILTINS = frozenset(
     {"int", "float", "bool", "str", "len", "range", "annotate", "unchecked_cast",

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
+import json
+import math
 import re
 import struct
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import tvm
 from tvm import relay
 from tvm.ir import IRModule
@@ -21,9 +27,15 @@ def load_relay_text(path: Path) -> IRModule:
         source = path.read_text()
     except (OSError, UnicodeDecodeError) as err:
         raise ModelError(f"{path}: cannot read the file as text ({err})") from err
+    source, _, metadata = source.partition(_METADATA)
+    try:
+        constants = read_metadata(metadata) if metadata.strip() else None
+    except ValueError as err:
+        raise ModelError(f"{path}: its #[metadata] section {err}; relay-tasks reads only "
+                         "constants there, as mod.astext() writes them") from err  # fmt: skip
     with diagnostics() as messages:
         try:
-            mod = relay.parse(source, str(path))
+            mod = relay.parse(source, str(path), None, constants)
         except tvm.TVMError as err:
             raise ModelError(
                 f"{path}: not valid Relay text: {diagnostic_text(messages, err)}"
@@ -31,6 +43,95 @@ def load_relay_text(path: Path) -> IRModule:
     for func in _functions(mod):
         refuse_external_code(path, func)
     return mod
+
+
+#: Where ``astext`` starts the section of objects the text refers to as ``meta[...]``.
+_METADATA = "\n#[metadata]\n"
+#: Constants a metadata section may hold, and their bytes at most (the params of a large model).
+MAX_CONSTANTS = 100_000
+MAX_CONSTANT_BYTES = 4 << 30
+
+
+def read_metadata(text: str) -> dict[str, list[relay.Constant]]:
+    """The constants of a metadata section, read here; ``ValueError`` for anything else.
+
+    The section is TVM object JSON, which TVM's reader turns into whatever node types it names
+    (an attribute built from ``tir.call_extern("system", ...)`` reached an operator's compute).
+    Here only its shape is read: a map of ``relay.Constant`` to a list of constants, and each
+    constant's array, decoded from its bytes with every size checked first. The constants are
+    made anew from the arrays (their types follow from them); nothing else of the JSON is used.
+    """
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"is not JSON ({err.msg} at line {err.lineno})") from err
+    try:
+        nodes, arrays = document["nodes"], document["b64ndarrays"]
+        table = nodes[document["root"]]
+        if table.get("type_key") != "Map" or table.get("keys") != ["relay.Constant"]:
+            raise ValueError("holds something other than constants")
+        listed = nodes[table["data"][0]]
+        if listed.get("type_key") != "Array" or len(listed["data"]) > MAX_CONSTANTS:
+            raise ValueError("holds no list of constants")
+        indices = []
+        for index in listed["data"]:
+            node = nodes[index]
+            if node.get("type_key") != "relay.Constant":
+                raise ValueError(f"lists a {str(node.get('type_key'))[:40]!r} among its constants")
+            indices.append(int(node["attrs"]["data"]))
+        budget = [MAX_CONSTANT_BYTES]
+        decoded = [_ndarray(base64.b64decode(arrays[i], validate=True), budget) for i in indices]
+    except (KeyError, IndexError, TypeError, AttributeError, RecursionError) as err:
+        raise ValueError(f"is not what astext writes ({type(err).__name__})") from err
+    except binascii.Error as err:
+        raise ValueError("holds an array that is not base64") from err
+    return {"relay.Constant": [relay.const(array) for array in decoded]}
+
+
+#: DLPack type codes (int, uint, float) and the numpy kind of each.
+_KINDS = {0: "int", 1: "uint", 2: "float"}
+
+
+def _ndarray(blob: bytes, budget: list[int]) -> np.ndarray[Any, Any]:
+    """One array in TVM's saved layout, every size checked against the bytes there are (and
+    against ``budget``, the bytes all arrays may still take) before anything is allocated."""
+    reader = _Layout(blob)
+    if reader.number("<Q") != _ARRAY_MAGIC:
+        raise ValueError("holds an array without its magic number")
+    reader.number("<Q")
+    device_type, _ = struct.unpack("<ii", reader.take(8))
+    ndim = reader.number("<i")
+    code, bits, lanes = struct.unpack("<BBH", reader.take(4))
+    kind = _KINDS.get(code)
+    if device_type != 1 or not 0 <= ndim <= 32 or kind is None or lanes != 1:
+        raise ValueError("holds an array that is not a CPU tensor of a plain dtype")
+    dtype = np.dtype("bool" if (kind, bits) == ("uint", 1) else f"{kind}{bits}")
+    shape = struct.unpack(f"<{ndim}q", reader.take(8 * ndim))
+    if any(dim < 0 for dim in shape):
+        raise ValueError("holds an array with a negative dimension")
+    size = reader.number("<q")
+    if size != math.prod(shape) * dtype.itemsize or size > budget[0]:
+        raise ValueError(f"holds an array that claims {size} bytes for its shape")
+    budget[0] -= size
+    return np.frombuffer(reader.take(size), dtype=dtype).reshape(shape).copy()
+
+
+class _Layout:
+    """Reads TVM's saved layout from the front, refusing a size that overruns the bytes."""
+
+    def __init__(self, blob: bytes) -> None:
+        self.blob, self.position = blob, 0
+
+    def take(self, size: int) -> bytes:
+        if not 0 <= size <= len(self.blob) - self.position:
+            at = self.position
+            raise ValueError(f"it claims {size} bytes at byte {at} of {len(self.blob)}")
+        self.position += size
+        return self.blob[self.position - size : self.position]
+
+    def number(self, fmt: str) -> int:
+        value: int = struct.unpack(fmt, self.take(struct.calcsize(fmt)))[0]
+        return value
 
 
 #: A C identifier: what a function's symbol becomes in the code a build generates.
@@ -88,18 +189,8 @@ def check_params_layout(blob: bytes) -> None:
     byte size, data), checking every count and size against the bytes that are left before
     TVM's reader allocates what the header claims (a 97-byte file can claim gigabytes);
     ``ValueError`` says what does not fit."""
-    position = 0
-
-    def take(size: int) -> bytes:
-        nonlocal position
-        if not 0 <= size <= len(blob) - position:
-            raise ValueError(f"it claims {size} bytes at byte {position} of {len(blob)}")
-        position += size
-        return blob[position - size : position]
-
-    def number(fmt: str) -> int:
-        value: int = struct.unpack(fmt, take(struct.calcsize(fmt)))[0]
-        return value
+    layout = _Layout(blob)
+    take, number = layout.take, layout.number
 
     if number("<Q") != _LIST_MAGIC:
         raise ValueError("it does not start with the params magic number")
@@ -111,22 +202,24 @@ def check_params_layout(blob: bytes) -> None:
         raise ValueError("it names a different number of arrays than it holds")
     for _ in range(names):
         if number("<Q") != _ARRAY_MAGIC:
-            raise ValueError(f"array at byte {position - 8} has no array magic number")
+            raise ValueError(f"array at byte {layout.position - 8} has no array magic number")
         number("<Q")
         device_type, _ = struct.unpack("<ii", take(8))
         ndim = number("<i")
         code, bits, lanes = struct.unpack("<BBH", take(4))
         if device_type != 1 or not 0 <= ndim <= 32 or code not in (0, 1, 2, 4) or lanes != 1:
-            raise ValueError(f"array at byte {position} is not a CPU tensor of a plain dtype")
+            raise ValueError(
+                f"array at byte {layout.position} is not a CPU tensor of a plain dtype"
+            )
         shape = struct.unpack(f"<{ndim}q", take(8 * ndim))
         elements = 1
         for dim in shape:
             if dim < 0:
-                raise ValueError(f"array at byte {position} has a negative dimension")
+                raise ValueError(f"array at byte {layout.position} has a negative dimension")
             elements *= dim
         size = number("<q")
         if size != elements * ((bits + 7) // 8):
-            raise ValueError(f"array at byte {position} claims {size} bytes for its shape")
+            raise ValueError(f"array at byte {layout.position} claims {size} bytes for its shape")
         take(size)
 
 

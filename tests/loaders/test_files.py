@@ -290,3 +290,79 @@ def test_relay_text_carrying_code_for_the_c_compiler_is_refused(tmp_path: Path, 
     plain = tmp_path / "plain.relay"
     plain.write_text(_BYOC_TEXT.replace(", ATTRS", ""))
     load_model(plain)
+
+
+def _with_constants() -> tvm.IRModule:
+    x = relay.var("x", shape=(1, 8))
+    weight = relay.const(np.arange(32, dtype="float32").reshape(4, 8))
+    flags = relay.const(np.array([True, False, True, True]))
+    dense = relay.nn.dense(x, weight)
+    out = relay.where(flags, dense, relay.const(np.int64(3)).astype("float32"))
+    return relay.transform.InferType()(tvm.IRModule.from_expr(relay.Function([x], out)))
+
+
+def test_relay_text_constants_in_its_metadata_read_back(tmp_path: Path) -> None:
+    """``astext`` writes constants into a ``#[metadata]`` section; they are read here (not by
+    TVM's object JSON reader) and give the model back."""
+    mod = _with_constants()
+    path = tmp_path / "model.txt"
+    path.write_text(mod.astext())
+    loaded, _ = load_model(path)
+    assert tvm.ir.structural_equal(loaded["main"], mod["main"], map_free_vars=True)
+
+
+def _metadata_with(mod: tvm.IRModule, key: str, node: object) -> str:
+    """The module's text with another kind of object added to its metadata section."""
+    text, _, section = mod.astext().partition("\n#[metadata]\n")
+    import json as json_
+
+    document = json_.loads(section)
+    extra = json_.loads(tvm.ir.save_json(node))
+    offset = len(document["nodes"]) - 1
+    for added in extra["nodes"][1:]:
+        for name, value in added.get("attrs", {}).items():
+            if value.isdigit() and int(value) and name not in ("value", "dtype"):
+                added["attrs"][name] = str(int(value) + offset)
+        if "data" in added:
+            added["data"] = [i + offset for i in added["data"]]
+    document["nodes"] += extra["nodes"][1:]
+    table = document["nodes"][document["root"]]
+    table["keys"].append(key)
+    table["data"].append(extra["root"] + offset)
+    return text + "\n#[metadata]\n" + json_.dumps(document)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ("a call", "holds something other than constants"),
+        ("a huge array", "holds an array that claims 4000000000 bytes"),
+        ("not json", "is not JSON"),
+    ],
+)
+def test_relay_text_metadata_holds_constants_only(change: str, message: str, tmp_path: Path):
+    """Issue 50: the metadata section is TVM object JSON, and TVM's reader builds whatever it
+    names: a ``tir.call_extern("system", ...)`` reached an operator's compute. Only constants
+    are read, each array's size checked against its bytes before it is allocated."""
+    mod = _with_constants()
+    if change == "a call":
+        call = tvm.tir.call_extern("int32", "system", "touch pwned")
+        text = _metadata_with(mod, "tir.Call", tvm.runtime.convert([call]))
+    elif change == "a huge array":
+        head, _, section = mod.astext().partition("\n#[metadata]\n")
+        import base64
+        import json as json_
+
+        document = json_.loads(section)
+        blob = bytearray(base64.b64decode(document["b64ndarrays"][0]))
+        # its byte count, after magic, reserved, device, ndim, dtype and the dims
+        ndim = struct.unpack_from("<i", blob, 24)[0]
+        struct.pack_into("<q", blob, 32 + 8 * ndim, 4_000_000_000)
+        document["b64ndarrays"][0] = base64.b64encode(bytes(blob)).decode()
+        text = head + "\n#[metadata]\n" + json_.dumps(document)
+    else:
+        text = mod.astext().replace('"root"', "'root'")
+    path = tmp_path / "model.txt"
+    path.write_text(text)
+    with pytest.raises(ModelError, match=f"#\\[metadata\\] section {message}"):
+        load_model(path)

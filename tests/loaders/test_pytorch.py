@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import warnings
 import zipfile
 from pathlib import Path
 from typing import Tuple  # noqa: UP035 (TorchScript reads the annotations)
@@ -286,3 +287,51 @@ def test_torchscript_code_outside_the_allowlist_never_runs(tmp_path: Path, capsy
     assert not marker.exists()
     torch.jit.load(str(path))  # the payload is live: torch's own loader runs it
     assert marker.exists()
+
+
+def _forged(path: Path, how: str) -> None:
+    """Rewrite the TorchScript archive at ``path`` the way an attacker would hide its code from
+    a screen that reads the archive differently from torch."""
+    with zipfile.ZipFile(path) as archive:
+        entries = [(info, archive.read(info)) for info in archive.infolist()]
+    folder = entries[0][0].filename.split("/", 1)[0]
+    with warnings.catch_warnings(), zipfile.ZipFile(path, "w") as out:
+        warnings.simplefilter("ignore", UserWarning)  # zipfile warns of the duplicate name
+        for info, data in entries:
+            code = "/code/" in info.filename and info.filename.endswith(".py")
+            if code and how == "padded":  # past the screen's size limit, deflated to little
+                data += b"\n#" + b" " * (17 << 20) + b"\n"
+                info.compress_type = zipfile.ZIP_DEFLATED
+            out.writestr(info, data)
+            if code and how == "duplicate":  # zipfile reads the last of two, torch the first
+                out.writestr(info.filename, b"class Plain(Module):\n  pass\n")
+        if how == "outside":
+            out.writestr(f"{folder}/../elsewhere.py", b"")
+
+
+@pytest.mark.parametrize(
+    ("how", "message"),
+    [
+        ("duplicate", "two entries named"),
+        ("padded", "a code file of 1"),
+        ("outside", "outside the archive's folder"),
+    ],
+)
+def test_an_archive_read_otherwise_than_torch_reads_it_is_refused(
+    how: str, message: str, tmp_path: Path, capsys
+) -> None:
+    """Issue 50: two entries of one name (Python's zipfile returns the last, torch the first)
+    and a code file over the screen's size limit (skipped before) let ``__setstate__`` run
+    during ``extract``. Each forgery is refused in one line and nothing runs."""
+    marker = tmp_path / "written"
+    path = tmp_path / "evil.pt"
+    torch.jit.script(_WritesOnLoad(str(marker))).save(str(path))
+    _forged(path, how)
+    if how != "outside":
+        torch.jit.load(str(path))  # the forgery loads and runs its payload in torch
+        assert marker.exists()
+        marker.unlink()
+    assert main(["extract", str(path), "--input-shapes", "x:[4]"]) == 3
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and message in err, err
+    assert not marker.exists()
