@@ -15,6 +15,8 @@ has exactly the shape and dtype Relay inferred for the call; anything else is TV
 
 from __future__ import annotations
 
+import math
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -22,6 +24,7 @@ import numpy as np
 import tvm
 from tvm import relay
 
+from ..errors import ModelError, UsageError
 from ..ir import node_key, op_name, raw_data, reads_of, rebuild, with_children, with_functions
 from .evaluate import EVALUATORS, Array, as_ndarray, evaluate_call, known_type
 from .jit import constant_leaves, evaluated_by_tvm, folded_alone, static
@@ -112,6 +115,7 @@ class _Prefolder:
             return call, name == "on_device"
         ttype = known_type(original, call)
         deferred = self.deferred
+        bounded(name, ttype, deferred)
         awaiting = deferred is not None and any(deferred.needs_kernel(c) for c in operands)
         if name in EVALUATORS and awaiting and _is_tensor(ttype):
             # Computed when read, once its operands are: numpy never forces a build early.
@@ -176,6 +180,60 @@ class _Prefolder:
         if key not in self.views:
             self.views[key] = array_view(raw_data(const))
         return self.views[key]
+
+
+#: The bytes one folded constant, and all of one extraction's, may take: the largest weights of
+#: real models are a few hundred MB, and a model file of a few hundred bytes can ask for
+#: gigabytes (``full(1f, shape=[34000, 34000])``). Settable by the environment variables named.
+MAX_CONSTANT: tuple[str, int] = ("RELAY_TASKS_MAX_CONSTANT_BYTES", 1 << 30)
+MAX_CONSTANTS: tuple[str, int] = ("RELAY_TASKS_MAX_CONSTANTS_BYTES", 8 << 30)
+
+
+def bounded(op: str, ttype: Any, deferred: Deferred | None) -> None:
+    """Refuse, before anything is allocated, a fold of ``op`` whose result would take more than
+    :data:`MAX_CONSTANT`, or take the extraction's constants past :data:`MAX_CONSTANTS`."""
+    size: int = _bytes(ttype)
+    one, total = _limit(*MAX_CONSTANT), _limit(*MAX_CONSTANTS)
+    spent = deferred.made_bytes if deferred is not None else 0
+    if size > one or spent + size > total:
+        shape = "x".join(str(int(d)) for d in ttype.shape) or "scalar"
+        over = (
+            f"more than the {_sized(one)} one folded constant may take"
+            if size > one
+            else f"which takes the model's folded constants past {_sized(total)}"
+        )
+        raise ModelError(
+            f"folding {op} makes a constant of {shape} {ttype.dtype} ({_sized(size)}), "
+            f"{over}: no real model's weights are that large; check the model, or raise the "
+            f"limit with {MAX_CONSTANT[0] if size > one else MAX_CONSTANTS[0]}=BYTES"
+        )
+    if deferred is not None:
+        deferred.made_bytes += size
+
+
+def _sized(count: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if count >= scale:
+            return f"{count / scale:.2f} {unit}"
+    return f"{count} bytes"
+
+
+def _bytes(ttype: Any) -> int:
+    """The bytes of a tensor type of static shape (0 for anything else)."""
+    if not _is_tensor(ttype):
+        return 0
+    dtype = tvm.DataType(str(ttype.dtype))
+    elements: int = math.prod(int(d) for d in ttype.shape)
+    return elements * ((int(dtype.bits) * int(dtype.lanes) + 7) // 8)
+
+
+def _limit(variable: str, default: int) -> int:
+    text = os.environ.get(variable, "")
+    if not text:
+        return default
+    if not text.isdigit():
+        raise UsageError(f"{variable}={text!r} is not a number of bytes")
+    return int(text)
 
 
 def _samebuffer_address(result: Array, operand: Array) -> bool:
@@ -294,9 +352,32 @@ def _fold_functions(mod: tvm.IRModule, *, defer: bool) -> tvm.IRModule:
                 updates[gvar] = folded
                 made += prefolder.made
     if left_for_tvm:
+        folding = with_functions(mod, updates)
+        _bounded_for_tvm(folding)
         fill_all()
-        return relay.transform.FoldConstant()(with_functions(mod, updates))
+        return relay.transform.FoldConstant()(folding)
     return only_typed(with_functions(mod, updates), made)
+
+
+def _bounded_for_tvm(mod: tvm.IRModule) -> None:
+    """:func:`bounded` for each op call TVM's fold may evaluate (all its arguments constants)
+    whose type is known, before TVM allocates its result."""
+
+    def visit(node: Any) -> None:
+        if (
+            isinstance(node, relay.Call)
+            and isinstance(node.op, tvm.ir.Op)
+            and constant_leaves(list(node.args)) is not None
+        ):
+            try:
+                ttype = node.checked_type
+            except ValueError:  # never typed: the pass types it before it folds
+                return
+            bounded(op_name(node.op), ttype, None)
+
+    for func in mod.functions.values():
+        if isinstance(func, relay.Function):
+            relay.analysis.post_order_visit(func, visit)
 
 
 def typed_in_place(made: Sequence[tuple[relay.Constant, Any]]) -> bool:

@@ -39,6 +39,8 @@ class Deferred:
         self.kernels = Kernels()
         #: The placeholders whose value needs a kernel run (or, in turn, such a value).
         self.awaiting: set[int] = set()
+        #: Bytes of the constants folds have made so far (see :func:`.fold.bounded`).
+        self.made_bytes = 0
 
     def add(
         self,

@@ -328,3 +328,72 @@ def test_links_params_decides_as_fuse_ops_does(config: Any, executor: Any, linke
         mod = mod.with_attr("executor", relay.backend.Executor("graph", executor))
     options = {} if config is None else {"relay.FuseOps.link_params": config}
     assert links_params(mod, tvm.transform.PassContext(config=options)) is linked
+
+
+#: A few hundred bytes of model that fold into gigabytes (issue 50): numpy's path, TVM's own
+#: fold (a let-bound value goes to TVM's pass), and ONNX's ConstantOfShape.
+_HUGE_FULL = 'add(%x, sum(full(1f, shape=[34000, 34000], dtype="float32")))'
+_HUGE = {
+    "full": f"def @main(%x: Tensor[(1), float32]) {{ {_HUGE_FULL} }}",
+    "let": "def @main(%x: Tensor[(1), float32]) { let %a = full(1f, shape=[34000, 34000], "
+    'dtype="float32"); add(%x, sum(%a)) }',
+}
+
+
+def _constant_of_shape(path: Any, side: int) -> Any:
+    import onnx
+    from onnx import TensorProto, helper
+
+    shape = helper.make_tensor("s", TensorProto.INT64, [2], [side, side])
+    value = helper.make_tensor("v", TensorProto.FLOAT, [1], [1.0])
+    graph = helper.make_graph(
+        [helper.make_node("ConstantOfShape", ["s"], ["c"], value=value),
+         helper.make_node("ReduceSum", ["c"], ["r"], keepdims=0),
+         helper.make_node("Add", ["x", "r"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+        initializer=[shape],
+    )  # fmt: skip
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
+    return path
+
+
+@pytest.mark.parametrize("how", [*_HUGE, "onnx"])
+def test_a_tiny_model_that_folds_into_gigabytes_is_refused_before_allocating(
+    how: str, tmp_path, capsys
+) -> None:
+    """Before, ``extract`` of the 147-byte text exited 0 after peaking at 10.3 GB."""
+    from relay_tasks.cli import main
+
+    if how == "onnx":
+        path = _constant_of_shape(tmp_path / "model.onnx", 36000)
+    else:
+        path = tmp_path / "model.txt"
+        path.write_text('#[version = "0.0.5"]\n' + _HUGE[how])
+    assert main(["extract", str(path)]) == 3
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1, err
+    assert (
+        "folding full makes a constant of" in err
+        and "GiB), more than the 1.00 GiB one folded constant" in err
+    )
+    assert "RELAY_TASKS_MAX_CONSTANT_BYTES" in err
+
+
+def test_the_constant_limits_are_settable(tmp_path, capsys, monkeypatch) -> None:
+    from relay_tasks.cli import main
+
+    path = _constant_of_shape(tmp_path / "model.onnx", 64)  # 16 KiB
+    assert main(["extract", str(path)]) == 0
+    monkeypatch.setenv("RELAY_TASKS_MAX_CONSTANT_BYTES", "16000")
+    capsys.readouterr()
+    assert main(["extract", str(path)]) == 3
+    assert (
+        "(16.00 KiB), more than the 15.62 KiB one folded constant may take"
+        in capsys.readouterr().err
+    )
+    monkeypatch.setenv("RELAY_TASKS_MAX_CONSTANT_BYTES", "16384")
+    monkeypatch.setenv("RELAY_TASKS_MAX_CONSTANTS_BYTES", "100")
+    assert main(["extract", str(path)]) == 3
+    assert "which takes the model's folded constants past 100 bytes" in capsys.readouterr().err
