@@ -19,8 +19,10 @@ import hashlib
 import json
 import os
 import select
+import shutil
 import signal
 import stat
+import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +33,7 @@ from tvm.target import Target
 from .adapters import ADAPTERS, Adapter, TunerTask, get_adapter
 from .errors import ModelError, describe_failure
 from .inputs import as_target
+from .sandbox import confine
 from .targets import target_problem
 
 FORMAT = "relay-tasks/3"
@@ -172,21 +175,25 @@ def _read(document: Any) -> TaskFile:
 
 
 def _crash_in_a_child(derive: Callable[[Callable[[int], None]], object]) -> tuple[int, str] | None:
-    """Derive the tasks first in a forked child: TVM's type relations and computes assume
-    well-formed calls, and some crash the process on a call no extraction makes (an attribute
-    left at a default it never has, a tensor where a tuple belongs). The function is checked
-    against an allowlist before, but only TVM itself knows what each operator accepts; nor does
-    it bound how long a computation's lowering takes. Returns the index of the task the child
-    died on (or spent :data:`LOWERING_SECONDS` on) with what happened, or None if it finished
-    (then the same work, deterministic, is safe here)."""
+    """Derive the tasks first in a forked child, confined (:mod:`relay_tasks.sandbox`): TVM's
+    type relations and computes assume well-formed calls, and some crash the process on a call
+    no extraction makes (an attribute left at a default it never has, a tensor where a tuple
+    belongs). The function is checked against an allowlist before, but only TVM itself knows
+    what each operator accepts; nor does it bound how long a computation's lowering takes, or
+    how much memory it takes. Returns the index of the task the child died on (or spent
+    :data:`LOWERING_SECONDS` on) with what happened, or None if it finished (then the same
+    work, deterministic, is done here: tasks are TVM objects, which no child can hand back as
+    data, so this child is a proving ground, not a wall)."""
+    scratch = tempfile.mkdtemp(prefix="relay-tasks-sandbox-")
     reader, writer = os.pipe()
     pid = os.fork()
-    if pid == 0:  # the child: quiet, and gone without running any exit handler
+    if pid == 0:  # the child: confined, quiet, and gone without running any exit handler
         os.close(reader)
         faulthandler.disable()  # a crash here is the answer, not something to report
         quiet = os.open(os.devnull, os.O_WRONLY)
         os.dup2(quiet, 1)
         os.dup2(quiet, 2)
+        confine(Path(scratch))
 
         def report(index: int) -> None:
             os.write(writer, index.to_bytes(4, "little"))
@@ -202,6 +209,7 @@ def _crash_in_a_child(derive: Callable[[Callable[[int], None]], object]) -> tupl
             reached += chunk
     index = int.from_bytes(reached[-4:], "little") if len(reached) >= 4 else 0
     _, status = os.waitpid(pid, 0)
+    shutil.rmtree(scratch, ignore_errors=True)
     if chunk is None:
         return index, f"takes TVM more than {LOWERING_SECONDS:g} s to lower"
     if os.WIFSIGNALED(status):

@@ -79,10 +79,24 @@ def load_model(
     path = Path(text)
     if not path.is_file():
         raise ModelError(f"{text}: no such file")
-    return _load_file(kind, path, params, shapes, dtypes)
+    return load_file_confined(kind, path, params, shapes, dtypes)
 
 
-def _load_file(
+def load_file_confined(
+    kind: str, path: Path, params: str | Path | None, shapes: Shapes | None, dtypes: DTypes | None
+) -> tuple[IRModule, Params]:
+    """:func:`load_file` in a confined child (:mod:`relay_tasks.sandbox`), which hands back
+    the converted model as Relay text and params bytes, read here as such files are read."""
+    from ..sandbox import run_confined
+    from .relay_text import pack_model, unpack_model
+
+    def convert() -> list[bytes | memoryview]:
+        return pack_model(*load_file(kind, path, params, shapes, dtypes))
+
+    return unpack_model(run_confined(convert, f"reading {path}"), path)
+
+
+def load_file(
     kind: str, path: Path, params: str | Path | None, shapes: Shapes | None, dtypes: DTypes | None
 ) -> tuple[IRModule, Params]:
     if kind == "relay":

@@ -17,7 +17,7 @@ from tvm import relay
 from tvm.ir import IRModule
 
 from ..errors import ModelError
-from ..ir import diagnostic_text, diagnostics
+from ..ir import diagnostic_text, diagnostics, node_key, raw_data, reads_of, rebuild
 from .frontend import DTypes, Params, Shapes, unknown_inputs
 
 
@@ -27,6 +27,11 @@ def load_relay_text(path: Path) -> IRModule:
         source = path.read_text()
     except (OSError, UnicodeDecodeError) as err:
         raise ModelError(f"{path}: cannot read the file as text ({err})") from err
+    return parse_relay_text(source, path)
+
+
+def parse_relay_text(source: str, path: Path) -> IRModule:
+    """Relay text read as a file of it is (``path`` names it in errors)."""
     source, _, metadata = source.partition(_METADATA)
     try:
         constants = read_metadata(metadata) if metadata.strip() else None
@@ -171,6 +176,11 @@ def load_params(path: Path) -> Params:
         blob = path.read_bytes()
     except OSError as err:
         raise ModelError(f"{path}: cannot read the params file ({err})") from err
+    return read_params(blob, path)
+
+
+def read_params(blob: bytes, path: Path) -> Params:
+    """The arrays of a params file's bytes, every size checked before TVM's reader runs."""
     try:
         check_params_layout(blob)
         return dict(relay.load_param_dict(bytearray(blob)))
@@ -221,6 +231,146 @@ def check_params_layout(blob: bytes) -> None:
         if size != elements * ((bits + 7) // 8):
             raise ValueError(f"array at byte {layout.position} claims {size} bytes for its shape")
         take(size)
+
+
+#: How ``main``'s parameters are named in a packed model's text: frontends name them
+#: anything (``aten::linear_0.bias``), which Relay text cannot spell.
+_PARAMETER = "relay_tasks_parameter_"
+#: What a parameter's name may be (a name the user gives shapes by, and params are keyed by).
+_PARAMETER_NAME = re.compile(r"[ -~]{1,256}\Z")
+
+
+def pack_model(mod: IRModule, params: Params) -> list[bytes | memoryview]:
+    """A converted model as data: its Relay text, the names of ``main``'s parameters, and the
+    arrays (params, and the tensor constants of ``main``) as raw bytes, which
+    :func:`unpack_model` reads back into an equal module.
+
+    The tensor constants of ``main`` (a frozen ONNX model's weights) travel as arrays of new
+    parameters, one per distinct constant, so a constant used twice comes back one object:
+    TVM's printer writes 100 MB of weights as base64 in 3.4 s, and its params format takes
+    0.7 s to write and read them. Scalars are written inline; constants elsewhere (rare) go
+    into the text's metadata, which :func:`read_metadata` reads.
+    """
+    main, constants = _lift_constants(mod["main"])
+    named = [relay.var(f"{_PARAMETER}{i}", p.type_annotation) for i, p in enumerate(main.params)]
+    body = relay.bind(main.body, dict(zip(main.params, named, strict=True)))
+    packed = IRModule(mod.functions, mod.type_definitions)
+    packed["main"] = relay.Function(named, body, main.ret_type, main.type_params, main.attrs)
+    text: bytes = packed.astext().encode()
+    names = [None if node_key(p) in constants else p.name_hint for p in main.params]
+    by_name = {**params}
+    arrays = {
+        f"{_PARAMETER}{i}": _array_view(constants[node_key(p)] if name is None else by_name[name])
+        for i, (p, name) in enumerate(zip(main.params, names, strict=True))
+        if name is None or name in by_name
+    }
+    header = json.dumps({
+        "text": len(text),
+        "names": names,
+        "annotated": main.ret_type is not None,  # the printer writes a type it inferred
+        "arrays": [[name, str(a.dtype), list(a.shape), a.nbytes] for name, a in arrays.items()],
+    }).encode()  # fmt: skip
+    pieces: list[bytes | memoryview] = [struct.pack("<Q", len(header)), header, text]
+    return pieces + [np.ascontiguousarray(a).data.cast("B") for a in arrays.values()]
+
+
+def _array_view(value: Any) -> np.ndarray[Any, Any]:
+    try:
+        return np.from_dlpack(value)
+    except (RuntimeError, TypeError, BufferError):
+        return np.asarray(value.numpy())  # dtypes DLPack does not carry (bool)
+
+
+#: The dtypes a packed array may have.
+_PACKED_DTYPES = frozenset(
+    ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+     "float16", "float32", "float64"]
+)  # fmt: skip
+
+
+def unpack_model(data: memoryview, path: Path) -> tuple[IRModule, Params]:
+    """:func:`pack_model`'s bytes, every size checked against the bytes there are before
+    anything is allocated; the text read as a Relay text file is read."""
+    try:
+        (size,) = struct.unpack_from("<Q", data)
+        header = json.loads(bytes(data[8 : 8 + size]))
+        position = 8 + size + int(header["text"])
+        text = bytes(data[8 + size : position]).decode()
+        names = list(header["names"])
+        if not all(n is None or (isinstance(n, str) and _PARAMETER_NAME.match(n)) for n in names):
+            raise ValueError("a parameter name that is no short line of plain text")
+        arrays: dict[str, tvm.nd.NDArray] = {}
+        for name, dtype, shape, nbytes in header["arrays"]:
+            kind = np.dtype(dtype) if dtype in _PACKED_DTYPES else None
+            dims = [int(d) for d in shape]
+            if (
+                kind is None
+                or min(dims, default=0) < 0
+                or math.prod(dims) * kind.itemsize != nbytes
+            ):
+                raise ValueError(
+                    f"an array {str(name)[:40]!r} of {dtype} {shape} in {nbytes} bytes"
+                )
+            if not 0 <= nbytes <= len(data) - position:
+                raise ValueError(f"an array {str(name)[:40]!r} past the end of the data")
+            chunk = np.frombuffer(data[position : position + nbytes], dtype=kind)
+            arrays[str(name)] = tvm.nd.array(chunk.reshape(dims))
+            position += nbytes
+        if position != len(data):
+            raise ValueError("bytes after its last array")
+    except (ValueError, TypeError, KeyError, struct.error, UnicodeDecodeError) as err:
+        raise ModelError(f"{path}: its conversion is not a packed model ({err})") from err
+    mod = parse_relay_text(text, path)
+    main = mod["main"]
+    if [p.name_hint for p in main.params] != [f"{_PARAMETER}{i}" for i in range(len(names))]:
+        raise ModelError(f"{path}: its conversion's parameters are not the ones it names")
+    bound, kept, params = {}, [], {}
+    for var, name in zip(main.params, names, strict=True):
+        value = arrays.get(var.name_hint)
+        if name is None:
+            if value is None:
+                raise ModelError(f"{path}: its conversion lacks the array of a constant")
+            bound[var] = relay.Constant(value)
+            continue
+        bound[var] = relay.var(name, var.type_annotation)
+        kept.append(bound[var])
+        if value is not None:
+            params[name] = value
+    body = relay.bind(main.body, bound)
+    returns = main.ret_type if header.get("annotated") is True else None
+    mod["main"] = relay.Function(kept, body, returns, main.type_params, main.attrs)
+    return mod, params  # typed where it is used, as a Relay text file's module
+
+
+def _lift_constants(main: relay.Function) -> tuple[relay.Function, dict[int, Any]]:
+    """``main`` with each distinct tensor constant (not a scalar) replaced by a new parameter
+    at the end, and each such parameter's array by its node key; ``main`` as it is
+    where a node kind cannot be rebuilt (its constants then go to the text's metadata)."""
+    reads = reads_of(main)
+    memo: dict[int, Any] = {}
+    by_constant: dict[int, relay.Var] = {}
+    arrays: dict[int, Any] = {}
+
+    def get(node: Any) -> Any:
+        return memo.get(node_key(node), node)
+
+    for node in reads.nodes:
+        if isinstance(node, relay.Constant) and len(raw_data(node).shape) > 0:
+            key = node_key(node)
+            if key not in by_constant:
+                data = raw_data(node)
+                var = relay.var("constant", shape=data.shape, dtype=data.dtype)
+                by_constant[key] = var
+                arrays[node_key(var)] = data
+            memo[key] = by_constant[key]
+        else:
+            new = rebuild(node, get)
+            if new is None:
+                return main, {}
+            memo[node_key(node)] = new
+    body = memo[node_key(main)].body
+    params = [*main.params, *by_constant.values()]
+    return relay.Function(params, body, main.ret_type, main.type_params, main.attrs), arrays
 
 
 def with_input_types(path: Path, mod: IRModule, shapes: Shapes, dtypes: DTypes) -> IRModule:
