@@ -38,7 +38,7 @@ ALLOWED: Mapping[str, Mapping[str, Check]] = {
         "keys": _KEYS,
         "mtriple": _NAME,
         "mcpu": _NAME,
-        "mattr": _token(r"[+\-][A-Za-z0-9_.]{1,40}(,[+\-][A-Za-z0-9_.]{1,40}){0,63}"),
+        "mattr": _token(r"[+\-][A-Za-z0-9_.\-]{1,40}(,[+\-][A-Za-z0-9_.\-]{1,40}){0,127}"),
         "mabi": _NAME,
         "mfloat-abi": _token(r"hard|soft|softfp"),
         "model": _NAME,

@@ -31,6 +31,7 @@ WRITTEN = [
     "nvidia/geforce-rtx-3080",
     "llvm -device=arm_cpu -mtriple=aarch64-linux-gnu -model=rk3588 -num-cores=4",
     "llvm -mtriple=x86_64-linux-gnu -mcpu=znver4 -opt-level=3 -fast-math",
+    "llvm -mtriple=x86_64-linux-gnu -mcpu=sapphirerapids -mattr=+avx512f,+amx-tile,-avx512-fp16",
     "llvm -mtriple=riscv64-unknown-linux-gnu -mcpu=generic-rv64 -mattr=+m,+a,+f,+d,+c,+v -mabi=lp64d",
 ]
 

@@ -257,21 +257,27 @@ def pack_model(mod: IRModule, params: Params) -> list[bytes | memoryview]:
     packed = IRModule(mod.functions, mod.type_definitions)
     packed["main"] = relay.Function(named, body, main.ret_type, main.type_params, main.attrs)
     text: bytes = packed.astext().encode()
-    names = [None if node_key(p) in constants else p.name_hint for p in main.params]
-    by_name = {**params}
-    arrays = {
-        f"{_PARAMETER}{i}": _array_view(constants[node_key(p)] if name is None else by_name[name])
-        for i, (p, name) in enumerate(zip(main.params, names, strict=True))
-        if name is None or name in by_name
-    }
+    lifted = {i: constants[node_key(p)] for i, p in enumerate(main.params)
+              if node_key(p) in constants}  # fmt: skip
+    arrays: list[tuple[str | int, Any]] = [(n, _array_view(v)) for n, v in params.items()]
+    arrays += [(position, _array_view(value)) for position, value in lifted.items()]
     header = json.dumps({
         "text": len(text),
-        "names": names,
-        "annotated": main.ret_type is not None,  # the printer writes a type it inferred
-        "arrays": [[name, str(a.dtype), list(a.shape), a.nbytes] for name, a in arrays.items()],
+        "names": [None if i in lifted else p.name_hint for i, p in enumerate(main.params)],
+        "typed": _typed(mod["main"]),
+        "annotated": mod["main"].ret_type is not None,  # the printer writes a type it inferred
+        "arrays": [[key, str(a.dtype), list(a.shape), a.nbytes] for key, a in arrays],
     }).encode()  # fmt: skip
     pieces: list[bytes | memoryview] = [struct.pack("<Q", len(header)), header, text]
-    return pieces + [np.ascontiguousarray(a).data.cast("B") for a in arrays.values()]
+    return pieces + [np.ascontiguousarray(a).data.cast("B") for _, a in arrays]
+
+
+def _typed(func: relay.Function) -> bool:
+    try:
+        func.checked_type  # noqa: B018 (raises when type inference never ran on it)
+    except ValueError:
+        return False
+    return True
 
 
 def _array_view(value: Any) -> np.ndarray[Any, Any]:
@@ -299,8 +305,9 @@ def unpack_model(data: memoryview, path: Path) -> tuple[IRModule, Params]:
         names = list(header["names"])
         if not all(n is None or (isinstance(n, str) and _PARAMETER_NAME.match(n)) for n in names):
             raise ValueError("a parameter name that is no short line of plain text")
-        arrays: dict[str, tvm.nd.NDArray] = {}
-        for name, dtype, shape, nbytes in header["arrays"]:
+        params: dict[str, tvm.nd.NDArray] = {}
+        lifted: dict[int, tvm.nd.NDArray] = {}
+        for key, dtype, shape, nbytes in header["arrays"]:
             kind = np.dtype(dtype) if dtype in _PACKED_DTYPES else None
             dims = [int(d) for d in shape]
             if (
@@ -308,38 +315,42 @@ def unpack_model(data: memoryview, path: Path) -> tuple[IRModule, Params]:
                 or min(dims, default=0) < 0
                 or math.prod(dims) * kind.itemsize != nbytes
             ):
-                raise ValueError(
-                    f"an array {str(name)[:40]!r} of {dtype} {shape} in {nbytes} bytes"
-                )
+                raise ValueError(f"an array {str(key)[:40]!r} of {dtype} {shape} in {nbytes} bytes")
             if not 0 <= nbytes <= len(data) - position:
-                raise ValueError(f"an array {str(name)[:40]!r} past the end of the data")
+                raise ValueError(f"an array {str(key)[:40]!r} past the end of the data")
             chunk = np.frombuffer(data[position : position + nbytes], dtype=kind)
-            arrays[str(name)] = tvm.nd.array(chunk.reshape(dims))
+            value = tvm.nd.array(chunk.reshape(dims))
             position += nbytes
-        if position != len(data):
-            raise ValueError("bytes after its last array")
+            if type(key) is int and 0 <= key < len(names) and names[key] is None:
+                lifted[key] = value
+            elif isinstance(key, str) and _PARAMETER_NAME.match(key):
+                params[key] = value
+            else:
+                raise ValueError(f"an array for {str(key)[:40]!r}, which is no parameter")
+        if position != len(data) or len(lifted) != names.count(None):
+            raise ValueError("other arrays than its parameters name")
     except (ValueError, TypeError, KeyError, struct.error, UnicodeDecodeError) as err:
         raise ModelError(f"{path}: its conversion is not a packed model ({err})") from err
     mod = parse_relay_text(text, path)
     main = mod["main"]
     if [p.name_hint for p in main.params] != [f"{_PARAMETER}{i}" for i in range(len(names))]:
         raise ModelError(f"{path}: its conversion's parameters are not the ones it names")
-    bound, kept, params = {}, [], {}
-    for var, name in zip(main.params, names, strict=True):
-        value = arrays.get(var.name_hint)
-        if name is None:
-            if value is None:
-                raise ModelError(f"{path}: its conversion lacks the array of a constant")
-            bound[var] = relay.Constant(value)
-            continue
-        bound[var] = relay.var(name, var.type_annotation)
-        kept.append(bound[var])
-        if value is not None:
-            params[name] = value
-    body = relay.bind(main.body, bound)
+    bound = {
+        var: relay.Constant(lifted[i]) if name is None else relay.var(name, var.type_annotation)
+        for i, (var, name) in enumerate(zip(main.params, names, strict=True))
+    }
+    kept = [bound[var] for var, name in zip(main.params, names, strict=True) if name is not None]
     returns = main.ret_type if header.get("annotated") is True else None
+    body = relay.bind(main.body, bound)
     mod["main"] = relay.Function(kept, body, returns, main.type_params, main.attrs)
-    return mod, params  # typed where it is used, as a Relay text file's module
+    if header.get("typed") is not True:
+        return mod, params  # as the converter left it: typed where it is used
+    with diagnostics() as messages:
+        try:
+            return relay.transform.InferType()(mod), params
+        except tvm.TVMError as err:
+            raise ModelError(f"{path}: its conversion does not type-check: "
+                             f"{diagnostic_text(messages, err)}") from err  # fmt: skip
 
 
 def _lift_constants(main: relay.Function) -> tuple[relay.Function, dict[int, Any]]:
