@@ -18,8 +18,7 @@ from tvm import relay
 from tvm.relay.frontend import common
 
 from relay_tasks import load_model
-from relay_tasks.loaders import load_file
-from relay_tasks.loaders import values
+from relay_tasks.loaders import load_file, values
 
 from frontend_models import onnx_file, torch_module
 
