@@ -22,12 +22,14 @@ environment variables :data:`MEMORY` and :data:`SECONDS` name.
 from __future__ import annotations
 
 import ctypes
+import faulthandler
 import json
 import mmap
 import os
 import resource
 import select
 import signal
+import site
 import struct
 import sys
 import tempfile
@@ -108,6 +110,11 @@ def confine(scratch: Path) -> list[str]:
     os.environ["TMPDIR"] = str(scratch)
     tempfile.tempdir = str(scratch)
     sys.dont_write_bytecode = True
+    # What ``python -I`` leaves off the import path: the current folder (a model's folder may
+    # hold a ``torch.py``) and the user's site-packages; converters import lazily, from here on.
+    user_site = site.getusersitepackages()
+    here = {"", ".", os.getcwd()}
+    sys.path[:] = [p for p in sys.path if p not in here and not p.startswith(user_site)]
     if _LIBC.unshare(_CLONE_NEWNET) != 0 and _LIBC.unshare(_CLONE_NEWUSER | _CLONE_NEWNET) != 0:
         missing.append("a network namespace of its own")
     abi = landlock_abi()
@@ -193,6 +200,7 @@ def run_confined(work: Callable[[], Pieces], what: str) -> memoryview:
 def _child(work: Callable[[], Pieces], scratch: Path, answer: int) -> None:  # pragma: no cover
     """Confine, work, and write ``header + result`` into ``answer``; never returns."""
     code = 0
+    faulthandler.disable()  # a crash here is the parent's to report, in one line
     try:
         header: dict[str, object] = {"missing": confine(scratch)}
         with warnings.catch_warnings(record=True) as caught:

@@ -47,6 +47,23 @@ def test_the_child_writes_only_in_its_scratch_folder(tmp_path: Path) -> None:
     assert _errno_of(lambda: Path(os.devnull).write_text("x")) == [b"ok"]
 
 
+def test_the_child_imports_nothing_from_the_current_folder(tmp_path: Path, monkeypatch) -> None:
+    """As ``python -I``: a ``planted.py`` beside the model (the current folder) is not found."""
+    (tmp_path / "planted.py").write_text("import os; os.system('touch pwned')\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend("")
+
+    def imports() -> list[bytes]:
+        try:
+            __import__("planted")
+        except ImportError:
+            return [b"not found"]
+        return [b"imported"]
+
+    assert bytes(run_confined(imports, "testing")) == b"not found"
+    assert not (tmp_path / "pwned").exists()
+
+
 def test_the_child_has_no_network_and_sends_no_signals_out() -> None:
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))

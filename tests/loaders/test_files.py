@@ -366,3 +366,66 @@ def test_relay_text_metadata_holds_constants_only(change: str, message: str, tmp
     path.write_text(text)
     with pytest.raises(ModelError, match=f"#\\[metadata\\] section {message}"):
         load_model(path)
+
+
+def _file_models(folder: Path) -> dict[str, tuple[str, Path, Path | None, dict]]:
+    """A model of each file format: (format, file, params file, input shapes)."""
+    import torch
+
+    rng = np.random.default_rng(2)
+    tflite = folder / "fc.tflite"
+    tflite.write_bytes(fully_connected_model(rng.standard_normal((4, 8)), rng.standard_normal(4)))
+    script = folder / "m.pt"
+    module = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU()).eval()
+    torch.jit.trace(module, torch.zeros(1, 3, 8, 8)).save(str(script))
+    text, params = folder / "m.txt", folder / "m.params"
+    mod = _with_constants()
+    text.write_text(mod.astext())
+    params.write_bytes(relay.save_param_dict({"x": np.ones((1, 8), "float32")}))
+    return {
+        "onnx": ("onnx", _onnx_conv(folder / "conv.onnx"), None, {}),
+        "tflite": ("tflite", tflite, None, {}),
+        "pytorch": ("pytorch", script, None, {"input0": [1, 3, 8, 8]}),
+        "relay": ("relay", text, params, {}),
+    }
+
+
+@pytest.mark.parametrize("kind", ["onnx", "tflite", "pytorch", "relay"])
+def test_a_file_converted_in_the_sandbox_is_the_converters_own_model(kind, tmp_path) -> None:
+    """What the confined child hands back (Relay text and raw arrays) reads back as the very
+    module and params the converter made: every constant, shared ones shared, names kept."""
+    from relay_tasks.loaders import load_file
+
+    fmt, path, params, shapes = _file_models(tmp_path)[kind]
+    here, here_params = load_file(fmt, path, params, shapes, None)
+    there, there_params = load_model(path, params=params, shapes=shapes or None)
+    assert tvm.ir.structural_equal(there, here)
+    assert sorted(there_params) == sorted(here_params)
+    for name, value in here_params.items():
+        assert np.array_equal(there_params[name].numpy(), value.numpy()), name
+
+
+#: Damage to a packed model, each refused before anything it claims is allocated.
+PACKED_DAMAGE = {
+    "a huge array": (lambda h: h["arrays"][0].__setitem__(3, 1 << 40), "in 1099511627776 bytes"),
+    "a name with a newline": (lambda h: h["names"].__setitem__(0, "x\ny"), "no short line"),
+    "an unknown dtype": (lambda h: h["arrays"][0].__setitem__(1, "object"), "of object"),
+    "an array for nothing": (lambda h: h["arrays"][0].__setitem__(0, 7), "which is no parameter"),
+}
+
+
+@pytest.mark.parametrize("damage", PACKED_DAMAGE)
+def test_a_packed_model_is_checked_before_it_is_read(damage: str, tmp_path) -> None:
+    import json
+    import struct
+
+    from relay_tasks.loaders.relay_text import pack_model, unpack_model
+
+    pieces = pack_model(_with_constants(), {})
+    header = json.loads(bytes(pieces[1]))
+    change, message = PACKED_DAMAGE[damage]
+    change(header)
+    text = json.dumps(header).encode()
+    data = b"".join([struct.pack("<Q", len(text)), text, *(bytes(p) for p in pieces[2:])])
+    with pytest.raises(ModelError, match=message):
+        unpack_model(memoryview(data), tmp_path / "m.onnx")
