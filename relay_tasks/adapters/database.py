@@ -102,7 +102,7 @@ class WorkDatabase:
         self.modules = {workload_key(m): m for m in modules}
         self.lines: dict[str, int] = {}
         self.count = self.read_to = 0  # workload lines numbered, bytes of them read
-        with locked(work_dir):
+        with locked(work_dir, shared=True):  # reading: a read-only work dir is fine
             self._number(self._filed_since())
             _, entries = read_records(work_dir)
         for entry in entries:

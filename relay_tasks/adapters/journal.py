@@ -34,8 +34,10 @@ DAMAGED_SUFFIX = ".damaged"
 
 
 @contextmanager
-def locked(work_dir: Path) -> Iterator[None]:
-    """Hold the work dir's lock exclusively (waiting for whoever holds it: writes are short)."""
+def locked(work_dir: Path, *, shared: bool = False) -> Iterator[None]:
+    """Hold the work dir's lock (waiting for whoever holds it: writes are short): exclusively
+    to write, ``shared`` to read. A reader of a work dir it cannot write (records shipped to
+    another machine, a read-only mount) reads without the lock: none of its writers is here."""
     path = work_dir / LOCK_FILE
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
@@ -43,9 +45,12 @@ def locked(work_dir: Path) -> Iterator[None]:
         if err.errno == errno.ELOOP:
             raise TuningError(f"{path} is a symbolic link; remove it (a lock is never "
                               "followed out of the work dir)") from err  # fmt: skip
+        if shared and err.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+            yield
+            return
         raise TuningError(f"cannot lock {path}: {err.strerror}") from err
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
         yield
     finally:
         os.close(fd)  # closing drops the lock

@@ -389,3 +389,35 @@ def test_builds_compared_are_timed_in_turn_round_after_round(monkeypatch) -> Non
     rounds = building.ROUNDS
     assert rounds > 1
     assert timed == (["tuned"] * (20 // rounds) + ["untuned"] * (20 // rounds)) * rounds
+
+
+@pytest.mark.parametrize("tuner", TUNERS)
+def test_a_work_dir_this_user_cannot_write_still_compiles(
+    tuner, tiny, tuned, tmp_path, monkeypatch, capsys
+) -> None:
+    """Records shipped to another machine, or a read-only mount: reading needs no exclusive
+    lock (``compile`` exited 7, "cannot lock ro/.lock: Read-only file system"). The lock file
+    cannot be made there, as on a read-only mount (tests run as root, whom modes do not stop)."""
+    import errno
+    import os
+    import shutil
+
+    from relay_tasks.adapters import journal
+
+    work = tmp_path / "work"
+    shutil.copytree(tuned[tuner], work)
+    (work / journal.LOCK_FILE).unlink(missing_ok=True)
+    real_open = os.open
+
+    def read_only(path, flags, *args, **kwargs):
+        if str(path).endswith(journal.LOCK_FILE) and flags & os.O_CREAT:
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(journal.os, "open", read_only)
+    text, params = tiny
+    argv = ["compile", str(text), "--params", str(params), "--work-dir", str(work),
+            "-o", str(tmp_path / "m.tar")]  # fmt: skip
+    assert main(argv) == 0, capsys.readouterr().err
+    assert (tmp_path / "m.tar").stat().st_size > 0
+    assert main(["status", "--work-dir", str(work)]) == 0
