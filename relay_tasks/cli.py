@@ -34,11 +34,26 @@ EXIT_USAGE = UsageError.exit_code  # argparse's own errors exit 2 too
 EXIT_INTERNAL = 70
 
 
+def _version() -> str:
+    """This package's version and the TVM it runs on (read from the installed metadata: no
+    import of TVM for it)."""
+    from importlib import metadata
+
+    def of(name: str) -> str:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    return f"relay-tasks {of('relay-tasks')} (hhb-tvm {of('hhb-tvm')})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="relay-tasks",
         description="Extract TVM tuning tasks from Relay models without compiling them; tune them.",
     )
+    parser.add_argument("--version", action="version", version=_version())
     verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
     ext = verbs.add_parser(
         "extract",
@@ -368,6 +383,7 @@ def _compile(args: argparse.Namespace) -> int:
     tracker = parse_tracker(args.rpc_tracker, args.rpc_key)
     if tracker and not args.benchmark:
         raise UsageError("--rpc-tracker applies to --benchmark only")
+    building.check_output(args.output)
     ((source, mod, params),) = _loaded_models(args, args.models)
     chosen = building.plan(mod, params, args.work_dir)
     set_aside_cut_lines(Path(args.work_dir), chosen.adapter)

@@ -957,3 +957,26 @@ def test_model_format_overrides_the_suffix(tiny_model, tmp_path, capsys) -> None
     capsys.readouterr()
     assert main([*argv, "--model-format", "relay"]) == 0
     assert capsys.readouterr().out == TINY_TABLE
+
+
+def test_version_names_the_package_and_its_tvm(capsys) -> None:
+    from importlib import metadata
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    expected = (
+        f"relay-tasks {metadata.version('relay-tasks')} (hhb-tvm {metadata.version('hhb-tvm')})"
+    )
+    assert capsys.readouterr().out == expected + "\n"
+
+
+def test_compile_checks_its_output_before_it_builds(tiny_model, tmp_path, capsys) -> None:
+    """``-o`` into a missing folder failed after the whole build, quoting tar."""
+    text, params = tiny_model
+    argv = ["compile", str(text), "--params", str(params), "--work-dir", str(tmp_path / "w")]
+    assert main([*argv, "-o", str(tmp_path / "missing" / "m.tar")]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err == (f"relay-tasks: error: -o {tmp_path / 'missing' / 'm.tar'}: there is no folder "
+                   f"{tmp_path / 'missing'}; create it, or name another\n")  # fmt: skip
+    assert not (tmp_path / "w").exists()  # refused before the work dir was even read

@@ -6,6 +6,7 @@ not (upstream says so only as a "Cannot find workload" line per miss, during the
 
 from __future__ import annotations
 
+import os
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -108,10 +109,22 @@ def build_untuned(mod: Any, params: Any, target: Any) -> Any:
         return relay.build(mod, target=target, params=params)
 
 
-def export(factory: Any, output: str | Path) -> Path:
+def check_output(output: str | Path) -> Path:
+    """The library's path, checked before anything is built (a missing folder failed after the
+    whole build, quoting tar)."""
     path = Path(output)
     if path.suffix not in (".tar", ".so"):
         raise UsageError(f"-o {path}: name a .tar or .so file")
+    folder = path.parent
+    if not folder.is_dir():
+        raise UsageError(f"-o {path}: there is no folder {folder}; create it, or name another")
+    if not os.access(folder, os.W_OK):
+        raise UsageError(f"-o {path}: the folder {folder} cannot be written; name another")
+    return path
+
+
+def export(factory: Any, output: str | Path) -> Path:
+    path = check_output(output)
     try:
         factory.export_library(str(path))
     except Exception as err:
