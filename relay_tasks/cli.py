@@ -126,6 +126,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also build it untuned, run both and print their latencies",
     )
+    build.add_argument(
+        "--untuned",
+        action="store_true",
+        help="build even where the records cover none of the model's tasks (TVM's default "
+        "schedules throughout); without it, that is an error naming what --work-dir was tuned for",
+    )
     _rpc_options(build)
 
     serve = verbs.add_parser(
@@ -386,6 +392,8 @@ def _compile(args: argparse.Namespace) -> int:
     building.check_output(args.output)
     ((source, mod, params),) = _loaded_models(args, args.models)
     chosen = building.plan(mod, params, args.work_dir)
+    if not chosen.tuned and chosen.tasks and not args.untuned:
+        raise UsageError(building.uncovered(source, chosen, args.work_dir))
     set_aside_cut_lines(Path(args.work_dir), chosen.adapter)
     if args.benchmark and not tracker:
         check_runs_here(chosen.target, doing="benchmark")

@@ -659,6 +659,14 @@ def test_compile_builds_with_the_work_dirs_records_and_benchmarks(
     library = tmp_path / "tiny.tar"
     argv = ["compile", str(text), "--params", str(params), "--work-dir", str(work),
             "-o", str(library)]  # fmt: skip
+    assert main(argv) == EXIT_USAGE  # records that cover nothing: said, unless asked for
+    assert capsys.readouterr().err == (
+        f"relay-tasks: error: {work} holds no valid record of {text}'s 1 tasks yet; tune {text} "
+        f"there first (relay-tasks tune {text} --work-dir {work}), or pass --untuned to build it "
+        "with TVM's default schedules\n"
+    )
+    assert not library.exists()
+    argv.append("--untuned")
     assert main(argv) == 0
     captured = capsys.readouterr()
     assert captured.out == f"{text}: 0/1 tasks tuned, library in {library}\n"

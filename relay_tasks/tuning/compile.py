@@ -78,6 +78,23 @@ def plan(mod: Any, params: Any, work_dir: str | Path) -> Plan:
     return Plan(adapter, tuned.target, tasks, measured, slower, stale)
 
 
+def uncovered(source: str, chosen: Plan, work_dir: str | Path) -> str:
+    """Why a build whose records cover none of the model's tasks is refused: what the work dir
+    was tuned for, and the two ways on."""
+    tuned = tuned_for(work_dir)
+    ways = (f"tune {source} there first (relay-tasks tune {source} --work-dir {work_dir}), or "
+            "pass --untuned to build it with TVM's default schedules")  # fmt: skip
+    if source in tuned.models:
+        return (
+            f"{work_dir} holds no valid record of {source}'s {len(chosen.tasks)} tasks yet; {ways}"
+        )
+    models = ", ".join(tuned.models[:4]) + (" ..." if len(tuned.models) > 4 else "")
+    return (
+        f"the records in {work_dir} cover none of {source}'s {len(chosen.tasks)} tasks (it was "
+        f"tuned for {models or 'no model'}: {tuned.tuner}, '{tuned.target}'); {ways}"
+    )
+
+
 def _slower_alike(adapter: Adapter, row: TaskRecord, target: Any, work_dir: str | Path) -> bool:
     """Whether the task's records, timed here as its default was (:func:`record_seconds`),
     lose to the default after all."""

@@ -421,3 +421,26 @@ def test_a_work_dir_this_user_cannot_write_still_compiles(
     assert main(argv) == 0, capsys.readouterr().err
     assert (tmp_path / "m.tar").stat().st_size > 0
     assert main(["status", "--work-dir", str(work)]) == 0
+
+
+def test_records_of_another_model_only_are_an_error_naming_what_was_tuned(
+    tiny, tuned, tmp_path, capsys
+) -> None:
+    """``compile tiny.onnx --work-dir <a ResNet-18's>`` built an untuned library and exited 0;
+    now it names what the work dir was tuned for, and ``--untuned`` builds on purpose."""
+    from tuned_models import write_other
+
+    text, params = write_other(tmp_path)
+    tuned_text = tiny[0]
+    work = tuned["autotvm"]
+    argv = ["compile", str(text), "--params", str(params), "--work-dir", str(work),
+            "-o", str(tmp_path / "m.tar")]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1, err
+    assert re.search(rf"the records in {work} cover none of {text}'s \d+ tasks \(it was tuned "
+                     rf"for {re.escape(str(tuned_text))}: autotvm, 'llvm ", err), err  # fmt: skip
+    assert "or pass --untuned to build it with TVM's default schedules" in err
+    assert not (tmp_path / "m.tar").exists()
+    assert main([*argv, "--untuned"]) == 0
+    assert (tmp_path / "m.tar").stat().st_size > 0
