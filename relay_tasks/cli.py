@@ -398,8 +398,13 @@ def _compile(args: argparse.Namespace) -> int:
     if args.benchmark and not tracker:
         check_runs_here(chosen.target, doing="benchmark")
     print(f"relay-tasks: {chosen.describe()}", file=sys.stderr)
-    factory = building.build(mod, params, args.work_dir, chosen)
+    built = building.build(mod, params, args.work_dir, chosen)
+    factory = built.factory
     path = building.export(factory, args.output)
+    if built.unfound:  # TVM warns twice per function without a record: said once here
+        print(f"relay-tasks: built {built.unfound // 2 or 1} function(s) without a record, as "
+              f"said above (TVM's messages: {Path(args.work_dir) / 'tune.log'})",
+              file=sys.stderr)  # fmt: skip
     print(f"{source}: {len(chosen.tuned)}/{len(chosen.tasks)} tasks tuned, library in {path}")
     if args.benchmark:
         remote = _remote(tracker, args.rpc_key) if tracker else None

@@ -167,5 +167,6 @@ def open_appending(path: Path) -> BinaryIO:
     """``path`` opened to append to, created if missing; a symbolic link there raises
     ``OSError`` (ELOOP) instead of being followed: a work dir from elsewhere could point a log at
     any file of the user's."""
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK  # no FIFO wait
+    fd = os.open(path, flags, 0o644)
     return os.fdopen(fd, "ab")

@@ -6,9 +6,11 @@ not (upstream says so only as a "Cannot find workload" line per miss, during the
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,11 +18,12 @@ from typing import Any
 import numpy as np
 
 from ..adapters import Adapter, TunerTask, get_adapter
+from ..adapters.journal import open_appending
 from ..adapters.verify import runs_here, seeded_values
 from ..errors import ModelError, TuningError, UsageError, describe_failure
 from .defaults import read_defaults, record_seconds, stale_defaults
 from .records import TaskRecord, standing
-from .tune import tuned_for
+from .tune import LOG_FILE, tuned_for
 
 
 @dataclass(frozen=True)
@@ -104,9 +107,56 @@ def _slower_alike(adapter: Adapter, row: TaskRecord, target: Any, work_dir: str 
     return seconds is not None and seconds > row.default
 
 
-def build(mod: Any, params: Any, work_dir: str | Path, chosen: Plan | None = None) -> Any:
-    """The model built with the work dir's records (a graph executor factory module)."""
+@dataclass
+class Built:
+    """A built library, and what TVM said while building it that relay-tasks says for it."""
+
+    factory: Any
+    #: TVM's "Cannot find workload" warnings (one per lowered function without a record).
+    unfound: int = 0
+
+
+#: TVM's warning, printed twice per task without records (MetaSchedule's database is asked).
+_UNFOUND = "Cannot find workload: "
+
+
+def build(mod: Any, params: Any, work_dir: str | Path, chosen: Plan | None = None) -> Built:
+    """The model built with the work dir's records (a graph executor factory module); TVM's
+    warnings about functions without records are counted, not printed (the plan said which
+    tasks have none), and its raw output goes to the work dir's ``tune.log`` where it can."""
     chosen = chosen or plan(mod, params, work_dir)
+    with _tvm_output(Path(work_dir)) as lines:
+        factory = _build(mod, params, work_dir, chosen)
+    unfound = [line for line in lines if _UNFOUND in line]
+    for line in lines:
+        if _UNFOUND not in line:
+            print(line, file=sys.stderr)
+    return Built(factory, len(unfound))
+
+
+@contextlib.contextmanager
+def _tvm_output(work_dir: Path) -> Iterator[list[str]]:
+    """What is written to file descriptor 2 meanwhile (TVM's C++ logs go there, not through
+    Python), as lines once it is done; appended whole to ``work_dir``'s log too."""
+    sys.stderr.flush()
+    lines: list[str] = []
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            yield lines
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            raw = caught.read()
+            lines += raw.decode("utf-8", errors="replace").splitlines()
+            with contextlib.suppress(OSError), open_appending(work_dir / LOG_FILE) as log:
+                log.write(raw)  # a read-only work dir keeps none
+
+
+def _build(mod: Any, params: Any, work_dir: str | Path, chosen: Plan) -> Any:
     try:
         applied = chosen.applied
         others = [t for t in chosen.tasks if t not in applied]

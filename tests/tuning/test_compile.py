@@ -444,3 +444,25 @@ def test_records_of_another_model_only_are_an_error_naming_what_was_tuned(
     assert not (tmp_path / "m.tar").exists()
     assert main([*argv, "--untuned"]) == 0
     assert (tmp_path / "m.tar").stat().st_size > 0
+
+
+def test_tvms_warnings_of_functions_without_records_are_one_line(tuned, tmp_path, capsys) -> None:
+    """TVM printed "Cannot find workload: ..." twice per function without a record; the plan
+    already names those tasks, so one line says it, and TVM's own lines go to tune.log."""
+    import shutil
+
+    from tuned_models import write_other
+
+    work = tmp_path / "work"
+    shutil.copytree(tuned["meta_schedule"], work)
+    text, params = write_other(tmp_path)
+    argv = ["compile", str(text), "--params", str(params), "--work-dir", str(work),
+            "-o", str(tmp_path / "m.tar"), "--untuned"]  # fmt: skip
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "Cannot find workload" not in err, err
+    assert err.splitlines()[1:] == [
+        f"relay-tasks: built 1 function(s) without a record, as said above (TVM's messages: "
+        f"{work / 'tune.log'})"
+    ]
+    assert "Cannot find workload: " in (work / "tune.log").read_text()
