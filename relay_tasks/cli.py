@@ -392,11 +392,11 @@ def _compile(args: argparse.Namespace) -> int:
     building.check_output(args.output)
     ((source, mod, params),) = _loaded_models(args, args.models)
     chosen = building.plan(mod, params, args.work_dir)
+    if args.benchmark and not tracker:
+        check_runs_here(chosen.target, doing="benchmark")
     if not chosen.tuned and chosen.tasks and not args.untuned:
         raise UsageError(building.uncovered(source, chosen, args.work_dir))
     set_aside_cut_lines(Path(args.work_dir), chosen.adapter)
-    if args.benchmark and not tracker:
-        check_runs_here(chosen.target, doing="benchmark")
     print(f"relay-tasks: {chosen.describe()}", file=sys.stderr)
     built = building.build(mod, params, args.work_dir, chosen)
     factory = built.factory

@@ -673,6 +673,8 @@ def test_compile_builds_with_the_work_dirs_records_and_benchmarks(
     assert captured.err == (
         "relay-tasks: the records cover 0 of the model's 1 tasks; not tuned (built with default "
         "schedules): fused_nn_dense_add_nn_relu\n"
+        "relay-tasks: built 1 function(s) without a record, as said above (TVM's messages: "
+        f"{work / 'tune.log'})\n"
     )
     assert library.stat().st_size > 0
     assert main([*argv, "--benchmark"]) == 0
