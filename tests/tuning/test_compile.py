@@ -36,7 +36,13 @@ def test_compile_with_the_records(tuner: str, tuned: dict[str, Path], tiny, tmp_
     assert chosen.tuned == chosen.tasks  # every task was measured, so every task is covered
     count = len(chosen.tasks)
     assert err.startswith(f"relay-tasks: the records cover {count} of the model's {count} tasks")
-    assert err == f"relay-tasks: {chosen.describe()}\n"  # and which are slower than the default
+    lines = err.splitlines()
+    assert lines[0] == f"relay-tasks: {chosen.describe()}"  # and which are slower than the default
+    # TVM's two warnings per function built without a record (MetaSchedule's), as one line
+    without = [t for t in chosen.tasks if t not in chosen.applied]
+    folded = (f"relay-tasks: built {len(without)} function(s) without a record, as said above "
+              f"(TVM's messages: {work / 'tune.log'})")  # fmt: skip
+    assert lines[1:] == ([folded] if without and tuner == "meta_schedule" else [])
     assert out.splitlines()[0].endswith(f"{count}/{count} tasks tuned, library in {library}")
     assert re.fullmatch(BENCHMARK_LINE, out.splitlines()[1])
     # The exported library runs and computes what the untuned build computes.
