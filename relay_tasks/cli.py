@@ -7,6 +7,7 @@ Every error is one line on stderr and an exit code named by its class, never a t
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
@@ -110,6 +111,12 @@ def build_parser() -> argparse.ArgumentParser:
     _model_options(status)
     _work_dir_option(status)
     status.add_argument("--plot", metavar="FILE.png", help="also draw the progress and shares")
+    status.add_argument(
+        "--format",
+        choices=("table", "json"),
+        default="table",
+        help="json: the same per task and in total, for scripts (times in ms)",
+    )
 
     build = verbs.add_parser(
         "compile",
@@ -361,7 +368,7 @@ def _status_verb(args: argparse.Namespace) -> int:
     from .api import extract_models
     from .tuning import standing
     from .tuning.defaults import read_defaults
-    from .tuning.status import format_status, plot, task_flops
+    from .tuning.status import format_status, plot, status_document, task_flops
     from .tuning.tune import tasks_in
 
     folder = Path(args.work_dir)
@@ -374,7 +381,16 @@ def _status_verb(args: argparse.Namespace) -> int:
         tasks = tuned.tasks
     records = adapter.measurements(folder)
     now = standing(tasks, records, read_defaults(folder))
-    print(format_status(now, task_flops(adapter, tasks)))
+    flops = task_flops(adapter, tasks)
+    if args.format == "json":
+        document = {
+            "tuner": tuned.tuner,
+            "target": str(tuned.target),
+            **status_document(now, flops),
+        }
+        print(json.dumps(document, indent=2))
+    else:
+        print(format_status(now, flops))
     if args.plot:
         plot(args.plot, now, records)
     return 0

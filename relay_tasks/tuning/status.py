@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from ..adapters import Adapter, TunerTask
 from ..adapters.base import Measurement
@@ -39,6 +40,39 @@ def format_status(now: Standing, flops: Sequence[float]) -> str:
     lines.append(_summary(now))
     lines += _failures(now)
     return "\n".join(lines)
+
+
+def status_document(now: Standing, flops: Sequence[float]) -> dict[str, Any]:
+    """What :func:`format_status` shows, as JSON values for scripts: per task its numbers (times
+    in milliseconds, None where not measured), which schedule a build takes for it (``"records"``,
+    ``"default"``, ``"alternative"``, or None when nothing is measured), and every failure cause
+    with its count; then the totals and the estimate."""
+    chosen = {id(r) for r in now.chosen}
+    tasks = []
+    for index, (record, flop) in enumerate(zip(now.tasks, flops, strict=True)):
+        best, default = record.best, record.default
+        built = None
+        if best is not None:
+            faster_default = default is not None and default <= best
+            built = "records" if id(record) in chosen else (
+                "default" if faster_default else "alternative")  # fmt: skip
+        tasks.append({
+            "index": index, "name": record.task.name, "key": record.task.key,
+            "weight": record.task.weight, "gflop": flop / 1e9, "trials": record.trials,
+            "valid": record.valid, "failed": record.failed,
+            "best_ms": None if best is None else best * 1e3,
+            "default_ms": None if default is None else default * 1e3,
+            "built_with": built, "models": list(record.task.models),
+            "causes": [[cause, count] for cause, count in record.causes],
+        })  # fmt: skip
+    latency = now.latency
+    return {
+        "tasks": tasks,
+        "valid": now.valid,
+        "failed": now.failed,
+        "estimated_ms": None if latency is None else latency * 1e3,
+        "not_measured": len(now.untuned),
+    }
 
 
 #: The causes ``status`` shows per task with failures, most common first.

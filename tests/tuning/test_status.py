@@ -230,3 +230,34 @@ def test_autotvm_keeps_each_failures_cause_in_order(tuned, tmp_path) -> None:
     # An empty cause, as tune kept for timeouts before, reads as the error alone.
     (tmp_path / autotvm.ERRORS_FILE).write_text('{"error": ""}\n')
     assert [m.error for m in autotvm.measurements(tmp_path)] == ["", "BUILD_TIMEOUT", ""]
+
+
+@pytest.mark.parametrize("tuner", TUNERS)
+def test_status_as_json_for_scripts(tuner: str, tuned: dict[str, Path], capsys) -> None:
+    """``status --format json``: per task and in total what the table shows, checked against
+    the tuner's raw log and the defaults measured before tuning, not against the table."""
+    work = tuned[tuner]
+    assert main(["status", "--work-dir", str(work), "--format", "json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    written = json.loads((work / "tasks.json").read_text())
+    assert (document["tuner"], document["target"]) == (written["tuner"], written["target"])
+    assert [t["key"] for t in document["tasks"]] == [t["key"] for t in written["tasks"]]
+    raw = raw_measurements(work, tuner)
+    assert document["valid"] == sum(1 for _, s in raw if s is not None)
+    assert (
+        sum(t["trials"] for t in document["tasks"])
+        == len(raw)
+        == document["valid"] + document["failed"]
+    )
+    best = sorted(
+        min(s for t, s in raw if t == task and s is not None) for task in {t for t, _ in raw}
+    )
+    assert sorted(t["best_ms"] / 1e3 for t in document["tasks"]) == pytest.approx(best, rel=1e-6)
+    defaults = read_defaults(work)
+    for task, entry in zip(document["tasks"], written["tasks"], strict=True):
+        default = defaults[entry["group"] or entry["key"]]
+        assert task["default_ms"] == pytest.approx(default * 1e3)
+        assert task["built_with"] in ("records", "default", "alternative")
+        if task["built_with"] == "records":
+            assert task["best_ms"] < task["default_ms"]
+    assert document["estimated_ms"] > 0 and document["not_measured"] == 0
