@@ -331,7 +331,7 @@ def test_usage_errors_exit_2(capsys) -> None:
         main(["status", "--work-dir", "w", "--model-format", "yaml"])
     usage = _unwrapped(capsys.readouterr().err)
     assert usage.startswith("usage: relay-tasks status [-h]")
-    assert "--work-dir WORK_DIR [--plot FILE.png] [MODEL ...]" in usage
+    assert "--work-dir WORK_DIR [--plot FILE.png] [--format {table,json}] [MODEL ...]" in usage
     with pytest.raises(SystemExit):
         main(["tune", "--tuner", "nope"])
     assert "[--rpc-tracker HOST:PORT] [--rpc-key KEY]" in _unwrapped(capsys.readouterr().err)
