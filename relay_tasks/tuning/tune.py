@@ -34,7 +34,7 @@ from typing import Any, BinaryIO
 from ..adapters import ADAPTERS, Adapter, TunerTask, get_adapter
 from ..adapters.base import Measurement, Runner, Tuned, merge_equal
 from ..adapters.journal import locked, open_appending, set_aside_cut_line
-from ..errors import ModelError, TuningError, TuningInterrupted, UsageError, describe_text
+from ..errors import ModelError, TuningError, TuningInterrupted, UsageError
 from ..export import TaskFile, dumps, load_tasks, tasks_document
 from ..files import read_regular
 from ..inputs import TargetLike, as_target
@@ -110,7 +110,8 @@ def tune(
     adapter.check(every, folder)  # against the tasks it would be applied to
     reused += _similar(adapter, tasks, records, reuse)
     before = standing(tasks, records)
-    display = _Progress(adapter, tasks, folder, trials)
+    display = _Progress(adapter, tasks, folder, trials, since=before.valid,
+                        defaults=runner.tracker is None)  # fmt: skip
     if reused:
         display.say("relay-tasks: " + "; ".join(reused))
     # Defaults an older relay-tasks measured its way are measured again even with the budget
@@ -404,7 +405,14 @@ def _run_worker(
             raise TuningError(f"the disk holding {folder} is full ({free} bytes free): free some "
                               "space, then run the same command to resume (what was measured is "
                               "kept)")  # fmt: skip
-        why = _last_failure(folder / LOG_FILE, child.pid)
+        if child.returncode < 0:  # no last word: a signal from outside (the OOM killer, kill)
+            kept = standing(tasks, adapter.measurements(folder)).valid
+            raise TuningError(
+                f"the tuner's process (pid {child.pid}) was killed by "
+                f"{_signal_name(-child.returncode)}; {kept} valid measurements are kept in "
+                f"{folder}: run the same command again to resume"
+            )
+        why = _last_failure(folder / LOG_FILE, child.pid, child.returncode)
         raise TuningError(f"{adapter.name} tuning failed: {why} "
                           f"(details in {folder / LOG_FILE})")  # fmt: skip
     return None
@@ -486,43 +494,90 @@ def _signal_group(pid: int, number: int) -> None:
         os.killpg(pid, number)
 
 
-def _last_failure(log: Path, pid: int) -> str:
-    """The worker's last word (the log is shared with the work dir's other tunes' workers)."""
-    lines = log.read_text(errors="replace").splitlines()
+def _last_failure(log: Path, pid: int, status: int) -> str:
+    """The worker's last word (the log is shared with the work dir's other tunes' workers). A
+    worker that ended without one (TVM's C++ exited the process) is said to have, since the
+    log's last line is then only what TVM was doing."""
+    start = 0
+    with suppress(OSError):  # the tail: the log gathers every tune's output
+        start = max(os.lstat(log).st_size - LOG_TAIL_BYTES, 0)
+    data = read_regular(log, offset=start) or b""
+    lines = data.decode(errors="replace").splitlines()
     mark = failure_mark(pid)
     marked = [line[len(mark) :] for line in lines if line.startswith(mark)]
-    return marked[-1] if marked else describe_text("\n".join(lines[-20:])) or "no message"
+    if marked:
+        return marked[-1]
+    return f"its process (pid {pid}) exited with status {status} without saying why"
+
+
+#: How much of the end of the log is searched for a worker's last word.
+LOG_TAIL_BYTES = 1 << 20
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 class _Progress:
-    """Where the tune stands: task i/n, valid measurements of the budget, best latency so far.
+    """Where the tune stands: task i/n, valid measurements of the budget, best latency so far,
+    time spent and an estimate of the time left.
 
     Read from the records as they grow. On a terminal, one line rewritten every second; off
-    one (a pipe, a CI log), a line of its own every ``QUIET_INTERVAL`` seconds, so a long tune
-    is never silent and a short one prints nothing.
+    one (a pipe, a CI log), a line of its own every ``QUIET_INTERVAL`` seconds and whenever the
+    tuner moves to another task, so a long tune is never silent and a short one prints nothing.
+    ``defaults``: the worker measures the default schedules first (on this machine only).
     """
 
-    def __init__(self, adapter: Adapter, tasks: Sequence[TunerTask], folder: Path, trials: int):
+    def __init__(
+        self,
+        adapter: Adapter,
+        tasks: Sequence[TunerTask],
+        folder: Path,
+        trials: int,
+        *,
+        since: int = 0,
+        defaults: bool = False,
+    ) -> None:
         self.adapter, self.tasks, self.folder, self.trials = adapter, tasks, folder, trials
+        self.since, self.defaults = since, defaults
         self.terminal = sys.stderr.isatty()
+        self.started = time.monotonic()
         self.interval = 1.0 if self.terminal else QUIET_INTERVAL
-        self.last = time.monotonic() if not self.terminal else 0.0
+        self.last = self.looked = time.monotonic() if not self.terminal else 0.0
         self.width = 0
+        self.task = ""  # the part of the last line that names the task
 
     def update(self) -> None:
-        if time.monotonic() - self.last < self.interval:
+        if time.monotonic() - self.looked < 1.0:
             return
-        self.last = time.monotonic()
+        self.looked = time.monotonic()
         try:
             records = self.adapter.measurements(self.folder)
+            missing = self._defaults_missing()
         except Exception:  # a log being written can be read half-way; try again later
             return
-        line = progress_line(self.tasks, records, self.trials)
+        elapsed = self.looked - self.started
+        line = progress_line(self.tasks, records, self.trials, since=self.since,
+                             elapsed=elapsed, defaults_missing=missing)  # fmt: skip
+        task = line.split(" | ")[0]
+        moved, self.task = bool(self.task) and task != self.task, task
+        if time.monotonic() - self.last < self.interval and not (moved and not self.terminal):
+            return
+        self.last = time.monotonic()
         if self.terminal:
             self._write("\r" + line.ljust(self.width))
             self.width = len(line)
         else:
             self._write(f"relay-tasks: {line}\n")
+
+    def _defaults_missing(self) -> int:
+        if not self.defaults:
+            return 0
+        have = read_defaults(self.folder)
+        return len({t.alternatives_of for t in self.tasks} - set(have))
 
     def say(self, line: str) -> None:
         """A line of its own, above the progress line."""
@@ -547,17 +602,51 @@ class _Progress:
 QUIET_INTERVAL = 30.0
 
 
-def progress_line(tasks: Sequence[TunerTask], records: Sequence[Any], trials: int) -> str:
+def progress_line(
+    tasks: Sequence[TunerTask],
+    records: Sequence[Any],
+    trials: int,
+    *,
+    since: int = 0,
+    elapsed: float | None = None,
+    defaults_missing: int = 0,
+) -> str:
+    """The progress of a tune that started with ``since`` valid measurements ``elapsed``
+    seconds ago. Tuners measure in batches and finish the one under way, so the count can pass
+    the budget: the line then says how far, instead of showing more than all of it."""
     now = standing(tasks, records)
     keys = [t.key for t in tasks]
     current = next((keys.index(m.key) for m in reversed(records) if m.key in keys), 0)
-    parts = [
-        f"tuning task {current + 1}/{len(tasks)}",
-        f"{now.valid}/{trials} measured" + (f" ({now.failed} failed)" if now.failed else ""),
-    ]
-    best = now.tasks[current].best
-    if now.latency is not None:
-        parts.append(f"model ~{now.latency * 1e3:.3f} ms")
-    elif best is not None:
-        parts.append(f"task best {best * 1e3:.3f} ms")
+    alternatives = len({t.alternatives_of for t in tasks})
+    if defaults_missing and now.valid == since:
+        parts = [f"measuring the default schedules: {alternatives - defaults_missing}"
+                 f"/{alternatives} tasks"]  # fmt: skip
+    else:
+        count = f"{min(now.valid, trials)}/{trials} measured"
+        if now.valid > trials:
+            count += f" +{now.valid - trials} in the tuner's last batch"
+        if now.failed:
+            count += f" ({now.failed} failed)"
+        parts = [f"tuning task {current + 1}/{len(tasks)}", count]
+        best = now.tasks[current].best
+        if now.latency is not None:
+            parts.append(f"model ~{now.latency * 1e3:.3f} ms")
+        elif best is not None:
+            parts.append(f"task best {best * 1e3:.3f} ms")
+    if elapsed is not None:
+        done, left = now.valid - since, trials - now.valid
+        timing = f"{_duration(elapsed)} elapsed"
+        if done > 0 and left > 0:
+            timing += f", ~{_duration(elapsed / done * left)} left"
+        parts.append(timing)
     return " | ".join(parts)
+
+
+def _duration(seconds: float) -> str:
+    """``42s``, ``3m05s``, ``2h07m``: what a person reads at a glance."""
+    whole = int(seconds)
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    return f"{whole // 3600}h{whole % 3600 // 60:02d}m"

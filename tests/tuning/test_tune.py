@@ -130,6 +130,36 @@ def test_a_signal_stops_tuning_keeps_the_records_and_the_tune_resumes(
     assert valid_count(work, tuner) == kept + 2
 
 
+def test_a_killed_tuner_process_is_named_with_what_was_kept(tiny, tmp_path: Path) -> None:
+    """``kill -9`` of the worker (or the OOM killer): the line names the process and the signal,
+    not TVM's last log line, and says what is kept and that running again resumes."""
+    work = tmp_path / "work"
+    command = [
+        sys.executable,
+        "-m",
+        "relay_tasks.cli",
+        *tune_argv(tiny, "meta_schedule", work, 500),
+    ]
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while valid_count_or_zero(work, "meta_schedule") == 0:
+        assert child.poll() is None and time.monotonic() < deadline, child.communicate()
+        time.sleep(0.5)
+    found = subprocess.run(["pgrep", "-P", str(child.pid), "-f", "relay_tasks.tuning.worker"],
+                           capture_output=True, text=True, check=True)  # fmt: skip
+    (worker,) = found.stdout.split()
+    os.kill(int(worker), signal.SIGKILL)
+    _, err = child.communicate(timeout=60)
+    assert child.returncode == relay_tasks.TuningError.exit_code
+    lines = [line for line in err.splitlines() if not line.startswith("relay-tasks: tuning task")]
+    kept = valid_count(work, "meta_schedule")
+    assert lines == [
+        f"relay-tasks: error: the tuner's process (pid {worker}) was killed by SIGKILL; {kept} "
+        f"valid measurements are kept in {work}: run the same command again to resume"
+    ]
+    assert _worker_processes(work) == []
+
+
 def out_rows(work: Path) -> list:
     """The tasks of the work dir's last tune."""
     return json.loads((work / "tasks.json").read_text())["tasks"]
@@ -259,3 +289,30 @@ def test_a_tune_with_its_budget_spent_measures_the_defaults_an_older_version_lef
     assert stale_defaults(work) == set() and set(read_defaults(work)) == keys
     assert all(seconds > 1e-9 for seconds in read_defaults(work).values())
     assert valid_count(work, "autotvm") == before
+
+
+def test_progress_says_what_is_true() -> None:
+    """The count never shows more than the budget (a batch past it is named), the time left is
+    the pace so far carried on, and the defaults' phase is named instead of ``0/N measured``."""
+    from relay_tasks.adapters.base import Measurement, TunerTask
+    from relay_tasks.tuning.tune import progress_line
+
+    tasks = [
+        TunerTask("conv", 1, "nn.conv2d", "a", None),
+        TunerTask("dense", 1, "nn.dense", "b", None),
+    ]
+    done = (
+        [Measurement("a", 1e-3)] * 10
+        + [Measurement("b", None, "RUN_TIMEOUT")]
+        + [Measurement("b", 2e-3)] * 14
+    )
+    line = progress_line(tasks, done, 20, since=4, elapsed=200.0)
+    assert line.startswith(
+        "tuning task 2/2 | 20/20 measured +4 in the tuner's last batch (1 failed)"
+    )
+    assert line.endswith("| 3m20s elapsed")  # nothing left: no estimate
+    halfway = progress_line(tasks, done[:9], 40, since=4, elapsed=50.0)  # 5 in 50 s, 31 to go
+    assert "9/40 measured" in halfway and halfway.endswith("50s elapsed, ~5m10s left")
+    first = progress_line(tasks, [], 20, elapsed=15.0, defaults_missing=1)
+    assert first == "measuring the default schedules: 1/2 tasks | 15s elapsed"
+    assert progress_line(tasks, done[:3], 20, defaults_missing=1).startswith("tuning task 1/2")
