@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -85,7 +86,16 @@ def build_parser() -> argparse.ArgumentParser:
     _model_options(tune)
     _tuner_options(tune)
     tune.add_argument(
-        "--trials", type=int, default=64, help="valid measurements in all (default 64)"
+        "--trials",
+        type=int,
+        help=f"valid measurements in all (default {DEFAULT_TRIALS}, or none with --time)",
+    )
+    tune.add_argument(
+        "--time",
+        type=_duration,
+        metavar="DURATION",
+        help="stop after this much wall-clock time (30m, 1h30m, 90s or seconds), every "
+        "finished measurement kept; with --trials, whichever comes first",
     )
     _work_dir_option(tune)
     tune.add_argument(
@@ -330,6 +340,23 @@ def _extract(args: argparse.Namespace) -> int:
     return 0
 
 
+#: A tune's budget when neither --trials nor --time is given.
+DEFAULT_TRIALS = 64
+_DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s?)?\Z")
+
+
+def _duration(text: str) -> float:
+    """Seconds from ``1h30m``, ``30m``, ``90s``, ``2.5m`` or plain seconds."""
+    found = _DURATION.match(text.strip())
+    if not text.strip() or found is None:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (write 30m, 1h30m, 90s or 45)")
+    hours, minutes, seconds = (float(part or 0) for part in found.groups())
+    total = hours * 3600 + minutes * 60 + seconds
+    if total <= 0:
+        raise argparse.ArgumentTypeError(f"the time budget must be more than nothing, got {text!r}")
+    return total
+
+
 def _tune(args: argparse.Namespace) -> int:
     from .export import load_tasks
     from .tuning import tune
@@ -352,7 +379,8 @@ def _tune(args: argparse.Namespace) -> int:
         tasks,
         target,
         tuner=args.tuner,
-        trials=args.trials,
+        trials=DEFAULT_TRIALS if args.trials is None and args.time is None else args.trials,
+        time_budget=args.time,
         work_dir=args.work_dir,
         rpc_tracker=args.rpc_tracker,
         rpc_key=args.rpc_key,

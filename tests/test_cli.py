@@ -496,9 +496,11 @@ def test_each_verb_parses_to_its_documented_defaults() -> None:
         None,
     )
     tune = parse(["tune", "tasks.json", "--work-dir", "w"])
-    assert (tune.models, tune.trials, tune.timeout, tune.work_dir) == (
+    # No budget given: 64 trials (set where tune is called), no time budget.
+    assert (tune.models, tune.trials, tune.time, tune.timeout, tune.work_dir) == (
         ["tasks.json"],
-        64,
+        None,
+        None,
         10.0,
         "w",
     )
@@ -514,6 +516,14 @@ def test_each_verb_parses_to_its_documented_defaults() -> None:
     assert (many.models, many.input_shapes) == (["a", "b"], ["x:[1]", "y:[2]"])
     typed = parse(["tune", "t", "--work-dir", "w", "--trials", "7", "--timeout", "1.5"])
     assert (typed.trials, typed.timeout) == (7, 1.5)
+    for spelled, seconds in (
+        ("30m", 1800),
+        ("1h30m", 5400),
+        ("90s", 90),
+        ("45", 45),
+        ("2.5m", 150),
+    ):
+        assert parse(["tune", "t", "--work-dir", "w", "--time", spelled]).time == seconds
     for bad in (
         ["tune", "t"],  # no --work-dir
         ["tune", "--work-dir", "w"],  # no model
@@ -527,6 +537,9 @@ def test_each_verb_parses_to_its_documented_defaults() -> None:
         ["extract", "--module-equality", "loose"],
         ["extract", "--model-format", "caffe"],
         ["tune", "t", "--work-dir", "w", "--trials", "many"],
+        ["tune", "t", "--work-dir", "w", "--time", "soon"],
+        ["tune", "t", "--work-dir", "w", "--time", "0m"],
+        ["tune", "t", "--work-dir", "w", "--time", "5d"],
         [],
     ):
         with pytest.raises(SystemExit) as caught:

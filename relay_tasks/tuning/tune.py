@@ -16,6 +16,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import math
 import os
 import shutil
 import signal
@@ -58,6 +59,8 @@ def failure_mark(pid: int) -> str:
 
 #: Seconds a stopped worker gets before its process group is killed.
 GRACE = 2.0
+#: What :func:`_run_worker` returns when the time budget is spent (no signal number).
+TIME_UP = -1
 
 
 def tune(
@@ -65,14 +68,17 @@ def tune(
     target: TargetLike,
     *,
     tuner: str | Adapter,
-    trials: int,
+    trials: int | None = 64,
     work_dir: str | Path,
     rpc_tracker: str | None = None,
     rpc_key: str | None = None,
     timeout: float = 10.0,
     reuse: Sequence[str | Path] = (),
+    time_budget: float | None = None,
 ) -> Standing:
-    """Tune until ``work_dir`` holds ``trials`` valid measurements; returns every task's standing.
+    """Tune until ``work_dir`` holds ``trials`` valid measurements, or ``time_budget`` seconds
+    have passed (whichever comes first; ``trials=None``: the time alone); returns every task's
+    standing.
 
     The records in ``work_dir`` (AutoTVM ``autotvm.log``, Ansor ``ansor.json``, MetaSchedule's
     JSON database) are the resume point: running again keeps every finished measurement, counts
@@ -82,11 +88,26 @@ def tune(
     records of equal tasks are copied here, and those tasks are not tuned again (``trials``
     then counts the measurements of the others).
 
+    When the time is up the tuner is stopped as a signal stops it: every record on disk is
+    kept (AutoTVM and Ansor write theirs a batch at a time, so the batch under way is not).
+
     Raises :class:`TuningInterrupted` on SIGINT/SIGTERM/SIGHUP (measurements kept) and
     :class:`TuningError` when the tuner fails or every new measurement failed.
     """
-    if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
+    if trials is None and time_budget is None:
+        raise UsageError("give a budget: trials, a time budget, or both")
+    if trials is not None and (
+        isinstance(trials, bool) or not isinstance(trials, int) or trials < 1
+    ):
         raise UsageError(f"trials must be a whole number of at least 1, got {trials!r}")
+    if time_budget is not None and (
+        isinstance(time_budget, bool)
+        or not isinstance(time_budget, (int, float))
+        or not 0 < time_budget < math.inf
+    ):
+        raise UsageError(
+            f"the time budget must be a positive number of seconds, got {time_budget!r}"
+        )
     if not tasks:
         raise UsageError("there are no tasks to tune (the model has no tunable operator)")
     adapter = get_adapter(tuner)
@@ -119,14 +140,21 @@ def tune(
     stale = runner.tracker is None and bool(
         stale_defaults(folder) & {t.alternatives_of for t in tasks}
     )
-    if not tasks or (before.valid >= trials and not stale):
+    if not tasks or (trials is not None and before.valid >= trials and not stale):
         return standing(every, records, read_defaults(folder))
     if before.valid:
         display.say(_resuming(before, folder))
     if len(tasks) < len(every):
         document = tasks_document(tasks, tuner=adapter.name, target=tgt, models=_models(tasks))
-    stopped = _run_worker(adapter, tasks, folder, trials, runner, document, display, reuse)
+    deadline = None if time_budget is None else time.monotonic() + time_budget
+    display.deadline = deadline
+    stopped = _run_worker(adapter, tasks, folder, trials, runner, document, display, reuse,
+                          deadline)  # fmt: skip
     after = standing(tasks, adapter.measurements(folder))
+    if stopped == TIME_UP:
+        display.say(f"relay-tasks: the time budget ({_duration(time_budget or 0)}) is spent; "
+                    f"{after.valid - before.valid} new valid measurements")  # fmt: skip
+        stopped = None
     if stopped is not None:
         raise TuningInterrupted(
             f"stopped; {after.valid} valid measurements are kept in {folder}: run the same "
@@ -354,13 +382,15 @@ def _run_worker(
     adapter: Adapter,
     tasks: Sequence[TunerTask],
     folder: Path,
-    trials: int,
+    trials: int | None,
     runner: Runner,
     document: dict[str, Any],
     display: _Progress,
     reuse: Sequence[str | Path] = (),
+    deadline: float | None = None,
 ) -> int | None:
-    """Run the worker to the end, or until a signal; returns that signal's number, if any.
+    """Run the worker to the end, or until a signal (returns that signal's number) or the
+    ``deadline`` (a ``time.monotonic()``; returns ``TIME_UP``).
 
     The worker reads its tasks from its own copy of the task file (another tune may replace
     the work dir's) and stops with this process (it watches its parent). It runs isolated
@@ -378,15 +408,19 @@ def _run_worker(
         own = Path(scratch) / TASKS_FILE
         own.write_text(dumps(document) + "\n")
         command = [sys.executable, "-I", "-m", "relay_tasks.tuning.worker", str(folder.resolve()),
-                   str(own), str(trials), json.dumps(asdict(runner)), str(os.getpid()),
+                   str(own), json.dumps(trials), json.dumps(asdict(runner)), str(os.getpid()),
                    json.dumps([str(Path(p).resolve()) for p in reuse])]  # fmt: skip
         log.write(f"\n=== relay-tasks tune, {time.strftime('%Y-%m-%d %H:%M:%S')} ===\n".encode())
         log.flush()
         child = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                  cwd=scratch, start_new_session=True)  # fmt: skip
         watch = _DeviceWatch(runner)
+        up = False
         try:
             while child.poll() is None and not stop and not watch.gone():
+                up = deadline is not None and time.monotonic() >= deadline
+                if up:
+                    break
                 display.update()
                 time.sleep(0.2)
         finally:
@@ -394,6 +428,8 @@ def _run_worker(
             _stop(child)
     if stop:
         return stop[0]
+    if up:
+        return TIME_UP
     if watch.problem is not None:
         kept = standing(tasks, adapter.measurements(folder)).valid
         raise TuningError(f"{watch.problem} for {watch.grace:.0f} s, so the tune stopped; {kept} "
@@ -536,7 +572,7 @@ class _Progress:
         adapter: Adapter,
         tasks: Sequence[TunerTask],
         folder: Path,
-        trials: int,
+        trials: int | None,
         *,
         since: int = 0,
         defaults: bool = False,
@@ -549,6 +585,7 @@ class _Progress:
         self.last = self.looked = time.monotonic() if not self.terminal else 0.0
         self.width = 0
         self.task = ""  # the part of the last line that names the task
+        self.deadline: float | None = None  # when the time budget is spent (time.monotonic())
 
     def update(self) -> None:
         if time.monotonic() - self.looked < 1.0:
@@ -560,8 +597,9 @@ class _Progress:
         except Exception:  # a log being written can be read half-way; try again later
             return
         elapsed = self.looked - self.started
-        line = progress_line(self.tasks, records, self.trials, since=self.since,
-                             elapsed=elapsed, defaults_missing=missing)  # fmt: skip
+        budget = None if self.deadline is None else self.deadline - self.started
+        line = progress_line(self.tasks, records, self.trials, since=self.since, elapsed=elapsed,
+                             defaults_missing=missing, time_budget=budget)  # fmt: skip
         task = line.split(" | ")[0]
         moved, self.task = bool(self.task) and task != self.task, task
         if time.monotonic() - self.last < self.interval and not (moved and not self.terminal):
@@ -605,15 +643,17 @@ QUIET_INTERVAL = 30.0
 def progress_line(
     tasks: Sequence[TunerTask],
     records: Sequence[Any],
-    trials: int,
+    trials: int | None,
     *,
     since: int = 0,
     elapsed: float | None = None,
     defaults_missing: int = 0,
+    time_budget: float | None = None,
 ) -> str:
     """The progress of a tune that started with ``since`` valid measurements ``elapsed``
     seconds ago. Tuners measure in batches and finish the one under way, so the count can pass
-    the budget: the line then says how far, instead of showing more than all of it."""
+    the budget: the line then says how far, instead of showing more than all of it. The time
+    left is the pace so far carried on to the budget, or the ``time_budget``'s rest if sooner."""
     now = standing(tasks, records)
     keys = [t.key for t in tasks]
     current = next((keys.index(m.key) for m in reversed(records) if m.key in keys), 0)
@@ -622,8 +662,10 @@ def progress_line(
         parts = [f"measuring the default schedules: {alternatives - defaults_missing}"
                  f"/{alternatives} tasks"]  # fmt: skip
     else:
-        count = f"{min(now.valid, trials)}/{trials} measured"
-        if now.valid > trials:
+        count = f"{now.valid} measured"
+        if trials is not None:
+            count = f"{min(now.valid, trials)}/{trials} measured"
+        if trials is not None and now.valid > trials:
             count += f" +{now.valid - trials} in the tuner's last batch"
         if now.failed:
             count += f" ({now.failed} failed)"
@@ -634,10 +676,13 @@ def progress_line(
         elif best is not None:
             parts.append(f"task best {best * 1e3:.3f} ms")
     if elapsed is not None:
-        done, left = now.valid - since, trials - now.valid
+        done = now.valid - since
+        rests = [] if time_budget is None else [max(time_budget - elapsed, 0.0)]
+        if trials is not None and done > 0 and now.valid < trials:
+            rests.append(elapsed / done * (trials - now.valid))
         timing = f"{_duration(elapsed)} elapsed"
-        if done > 0 and left > 0:
-            timing += f", ~{_duration(elapsed / done * left)} left"
+        if rests:
+            timing += f", ~{_duration(min(rests))} left"
         parts.append(timing)
     return " | ".join(parts)
 

@@ -30,7 +30,12 @@ from .tune import failure_mark, tuned_in
 
 
 def main(argv: list[str]) -> int:
-    folder, tasks, trials, runner = Path(argv[0]), Path(argv[1]), int(argv[2]), json.loads(argv[3])
+    folder, tasks, trials, runner = (
+        Path(argv[0]),
+        Path(argv[1]),
+        json.loads(argv[2]),
+        json.loads(argv[3]),
+    )
     watch_parent(int(argv[4]))
     reuse = [Path(p) for p in json.loads(argv[5])]
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, force=True)
@@ -54,7 +59,7 @@ def tune_until(
     adapter: Adapter,
     tasks: list[TunerTask],
     target: Any,
-    trials: int,
+    trials: int | None,
     folder: Path,
     runner: Runner,
     teachers: Callable[[], Sequence[Tuned]] = tuple,
@@ -63,10 +68,16 @@ def tune_until(
     records hold ``trials`` valid measurements, or ``BARREN_PASSES`` passes in a row add none
     (the supervisor then reports the failures). One barren pass is no verdict: Ansor's small
     rounds can draw only states that fail to instantiate. ``teachers`` gives the tasks tuned
-    for other models, whose records a tuner may learn from."""
+    for other models, whose records a tuner may learn from.
+
+    ``trials=None`` (a time budget, which the supervisor keeps): passes of ``PASS_PER_TASK``
+    measurements a task go on until stopped. A tuner given all the time as one budget spends
+    it as its allocation plans for that budget; AutoTVM's goes task by task, so the last tasks
+    would see none of a budget the time ends first."""
     valid, barren = _valid(adapter, tasks, folder), 0
-    while valid < trials and barren < BARREN_PASSES:
-        adapter.tune(tasks, target, trials, folder, runner, defaults=read_defaults(folder),
+    while (trials is None or valid < trials) and barren < BARREN_PASSES:
+        goal = valid + PASS_PER_TASK * len(tasks) if trials is None else trials
+        adapter.tune(tasks, target, goal, folder, runner, defaults=read_defaults(folder),
                      teachers=teachers)  # fmt: skip
         now = _valid(adapter, tasks, folder)
         barren = barren + 1 if now == valid else 0
@@ -74,6 +85,8 @@ def tune_until(
 
 
 BARREN_PASSES = 3
+#: Valid measurements a task in one pass of a tune with a time budget only.
+PASS_PER_TASK = 32
 
 
 def other_tunes(folder: Path, tasks: Sequence[TunerTask], reuse: Sequence[Path] = ()

@@ -160,6 +160,28 @@ def test_a_killed_tuner_process_is_named_with_what_was_kept(tiny, tmp_path: Path
     assert _worker_processes(work) == []
 
 
+@pytest.mark.parametrize("tuner", TUNERS)
+def test_a_time_budget_stops_the_tune_and_keeps_what_was_measured(
+    tuner: str, tiny, tmp_path: Path
+) -> None:
+    """``--time`` alone: the tune ends at the budget (exit 0), every record kept is a valid
+    measurement or a failure with its cause, and the same command measures more."""
+    work = tmp_path / "work"
+    argv = [a for a in tune_argv(tiny, tuner, work, 1) if a not in ("--trials", "1")]
+    command = [sys.executable, "-m", "relay_tasks.cli", *argv, "--time", "12s"]
+    started = time.monotonic()
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    took = time.monotonic() - started
+    assert done.returncode == 0, done.stderr
+    assert "relay-tasks: the time budget (12s) is spent; " in done.stderr
+    assert 12 < took < 12 + 60  # the start (extraction, TVM's import) is not in the budget
+    first = valid_count(work, tuner)
+    assert first >= 1 and all(s is None or 0 < s < 1 for _, s in raw_measurements(work, tuner))
+    # With --trials as well, whichever comes first: here the trials.
+    assert main([*argv, "--time", "1h", "--trials", str(first + 2)]) == 0
+    assert valid_count(work, tuner) >= first + 2
+
+
 def out_rows(work: Path) -> list:
     """The tasks of the work dir's last tune."""
     return json.loads((work / "tasks.json").read_text())["tasks"]
@@ -316,3 +338,8 @@ def test_progress_says_what_is_true() -> None:
     first = progress_line(tasks, [], 20, elapsed=15.0, defaults_missing=1)
     assert first == "measuring the default schedules: 1/2 tasks | 15s elapsed"
     assert progress_line(tasks, done[:3], 20, defaults_missing=1).startswith("tuning task 1/2")
+    # A time budget: no count of a budget, and the time left is the budget's rest if sooner.
+    timed = progress_line(tasks, done[:9], None, since=4, elapsed=50.0, time_budget=80.0)
+    assert "| 9 measured |" in timed and timed.endswith("50s elapsed, ~30s left")
+    both = progress_line(tasks, done[:9], 40, since=4, elapsed=50.0, time_budget=3600.0)
+    assert both.endswith("~5m10s left")
