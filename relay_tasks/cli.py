@@ -151,6 +151,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _rpc_options(build)
 
+    cut = verbs.add_parser(
+        "prune",
+        help="keep the best records of each task, drop the rest",
+        description="Rewrite the work dir's records keeping, per task, the K fastest valid ones "
+        "and the first failure of each cause: what compile applies and a resumed search seeds "
+        "from. All files change together or not at all; refused while a tune runs there.",
+    )
+    _work_dir_option(cut)
+    cut.add_argument("--keep", type=int, required=True, metavar="K", help="records per task")
+
     serve = verbs.add_parser(
         "serve",
         help="run an RPC server for tune --rpc-tracker on a device",
@@ -213,7 +223,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with warnings.catch_warnings():
             warnings.showwarning = _one_line_warning
             verb = {"extract": _extract, "tune": _tune, "status": _status_verb,
-                    "compile": _compile, "serve": _serve}[args.verb]  # fmt: skip
+                    "compile": _compile, "prune": _prune, "serve": _serve}[args.verb]  # fmt: skip
             return verb(args)
     except TuningInterrupted as err:
         _error_line(f"interrupted: {err}")
@@ -389,6 +399,16 @@ def _tune(args: argparse.Namespace) -> int:
     )
     print(format_status(now, task_flops(get_adapter(args.tuner), tasks)))
     _status(f"records in {args.work_dir}; next: relay-tasks status / relay-tasks compile")
+    return 0
+
+
+def _prune(args: argparse.Namespace) -> int:
+    from .tuning.prune import prune
+    from .tuning.tune import tuned_for
+
+    folder = Path(args.work_dir)
+    done = prune(get_adapter(tuned_for(folder).tuner), folder, args.keep)
+    print(done.summary(folder))
     return 0
 
 

@@ -53,6 +53,7 @@ from ..request import Request
 from .base import (
     Adapter,
     Measurement,
+    RecordFiles,
     Runner,
     Tuned,
     TunerTask,
@@ -698,6 +699,7 @@ ADAPTER = Adapter(
     (LOG, ERRORS_FILE),
     adopt=lambda tasks, source, work_dir: adopt_lines(LOG, measurements, tasks, source, work_dir),
     similar=similar,
+    files=RecordFiles(LOG, ERRORS_FILE),
 )  # fmt: skip
 
 

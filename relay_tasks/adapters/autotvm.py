@@ -45,6 +45,7 @@ from .allocation import Allocation, apportion
 from .base import (
     Adapter,
     Measurement,
+    RecordFiles,
     Runner,
     Tuned,
     TunerTask,
@@ -820,4 +821,5 @@ ADAPTER = Adapter(
     lambda tasks, work_dir: check_configs([t.native for t in tasks], work_dir / LOG),
     lambda tasks, source, work_dir: adopt_lines(LOG, measurements, tasks, source, work_dir),
     similar,
+    RecordFiles(LOG, ERRORS_FILE),
 )  # fmt: skip

@@ -6,7 +6,7 @@ import json
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..errors import ModelError, describe_text
 from ..files import read_regular
@@ -77,6 +77,16 @@ class Runner:
     timeout: float = 10.0
 
 
+class RecordFiles(NamedTuple):
+    """The files of a work dir matched line by line: the records, the causes of the failed
+    ones (one line a failure, in order), and when each record was measured (where the records
+    do not say)."""
+
+    records: str
+    causes: str
+    times: str = ""
+
+
 @dataclass(frozen=True)
 class Adapter:
     """A tuner reachable through the shared backend.
@@ -106,7 +116,9 @@ class Adapter:
     - ``adopt(tasks, source, work_dir)``: copy the valid records of ``tasks`` from the work dir
       ``source`` (tuned for other models) into ``work_dir``, unless already there; how many;
     - ``similar(tasks, tuned)``: how many of ``tasks`` its tune starts from the records of
-      similar tasks among ``tuned()`` (:class:`Tuned`), where it does.
+      similar tasks among ``tuned()`` (:class:`Tuned`), where it does;
+    - ``files``: which of ``logs`` hold the records, their failures' causes and their times,
+      line by line (what ``prune`` rewrites together).
     """
 
     name: str
@@ -129,6 +141,7 @@ class Adapter:
     similar: Callable[[Sequence[TunerTask], Callable[[], Sequence[Tuned]]], int] = field(
         default=lambda tasks, tuned: 0, repr=False
     )
+    files: RecordFiles | None = None
 
 
 def merge_equal(adapter: Adapter, tasks: Iterable[TunerTask]) -> list[TunerTask]:

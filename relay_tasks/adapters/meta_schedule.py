@@ -38,6 +38,7 @@ from .allocation import Allocation
 from .base import (
     Adapter,
     Measurement,
+    RecordFiles,
     Runner,
     Tuned,
     TunerTask,
@@ -900,4 +901,5 @@ ADAPTER = Adapter(
     LOGS,
     adopt=adopt,
     similar=similar,
+    files=RecordFiles(RECORDS, ERRORS, TIMES),
 )

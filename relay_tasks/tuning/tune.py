@@ -42,6 +42,7 @@ from ..inputs import TargetLike, as_target
 from .defaults import read_defaults, stale_defaults
 from .device import check_runs_here, check_tracker, devices_left
 from .logs import refuse_links
+from .prune import finish_prune, tuning
 from .records import Standing, standing
 
 #: The tasks of the last tune, as a task file: which tuner and target the work dir is for.
@@ -118,56 +119,59 @@ def tune(
     else:
         check_tracker(runner.tracker, str(rpc_key))
     folder = work_folder(work_dir)
-    document = tasks_document(tasks, tuner=adapter.name, target=tgt, models=_models(tasks))
-    with locked(folder):  # what another tune may be writing is set straight under the lock
-        check_same_tuning(folder, adapter, tgt)
-        refuse_links(folder, adapter)
-        for name in adapter.logs:
-            set_aside_cut_line(folder / name)
-        file_tasks(folder, document)
-    every = tasks
-    tasks, reused = _reused(adapter, tgt, every, folder, reuse)
-    records = adapter.measurements(folder)  # each record checked on its own, then
-    adapter.check(every, folder)  # against the tasks it would be applied to
-    reused += _similar(adapter, tasks, records, reuse)
-    before = standing(tasks, records)
-    display = _Progress(adapter, tasks, folder, trials, since=before.valid,
-                        defaults=runner.tracker is None)  # fmt: skip
-    if reused:
-        display.say("relay-tasks: " + "; ".join(reused))
-    # Defaults an older relay-tasks measured its way are measured again even with the budget
-    # spent (compile says to run tune for that): the worker measures them, then has no more to do.
-    stale = runner.tracker is None and bool(
-        stale_defaults(folder) & {t.alternatives_of for t in tasks}
-    )
-    if not tasks or (trials is not None and before.valid >= trials and not stale):
-        return standing(every, records, read_defaults(folder))
-    if before.valid:
-        display.say(_resuming(before, folder))
-    if len(tasks) < len(every):
+    finish_prune(folder)  # one a crash cut short
+    with tuning(folder):  # no prune while this tune runs
         document = tasks_document(tasks, tuner=adapter.name, target=tgt, models=_models(tasks))
-    deadline = None if time_budget is None else time.monotonic() + time_budget
-    display.deadline = deadline
-    stopped = _run_worker(adapter, tasks, folder, trials, runner, document, display, reuse,
-                          deadline)  # fmt: skip
-    after = standing(tasks, adapter.measurements(folder))
-    if stopped == TIME_UP:
-        display.say(f"relay-tasks: the time budget ({_duration(time_budget or 0)}) is spent; "
-                    f"{after.valid - before.valid} new valid measurements")  # fmt: skip
-        stopped = None
-    if stopped is not None:
-        raise TuningInterrupted(
-            f"stopped; {after.valid} valid measurements are kept in {folder}: run the same "
-            "command again to resume",
-            stopped,
+        with locked(folder):  # what another tune may be writing is set straight under the lock
+            check_same_tuning(folder, adapter, tgt)
+            refuse_links(folder, adapter)
+            for name in adapter.logs:
+                set_aside_cut_line(folder / name)
+            file_tasks(folder, document)
+        every = tasks
+        tasks, reused = _reused(adapter, tgt, every, folder, reuse)
+        records = adapter.measurements(folder)  # each record checked on its own, then
+        adapter.check(every, folder)  # against the tasks it would be applied to
+        reused += _similar(adapter, tasks, records, reuse)
+        before = standing(tasks, records)
+        display = _Progress(adapter, tasks, folder, trials, since=before.valid,
+                            defaults=runner.tracker is None)  # fmt: skip
+        if reused:
+            display.say("relay-tasks: " + "; ".join(reused))
+        # Defaults an older relay-tasks measured its way are measured again even with the
+        # budget spent (compile says to run tune for that): the worker measures them, then has
+        # no more to do.
+        stale = runner.tracker is None and bool(
+            stale_defaults(folder) & {t.alternatives_of for t in tasks}
         )
-    new_failed = after.failed - before.failed
-    if after.valid == before.valid and new_failed > 0:
-        raise TuningError(
-            f"all {new_failed} measurements failed; the first: {after.first_error or 'unknown'} "
-            f"(details in {folder / LOG_FILE})"
-        )
-    return standing(every, adapter.measurements(folder), read_defaults(folder))
+        if not tasks or (trials is not None and before.valid >= trials and not stale):
+            return standing(every, records, read_defaults(folder))
+        if before.valid:
+            display.say(_resuming(before, folder))
+        if len(tasks) < len(every):
+            document = tasks_document(tasks, tuner=adapter.name, target=tgt, models=_models(tasks))
+        deadline = None if time_budget is None else time.monotonic() + time_budget
+        display.deadline = deadline
+        stopped = _run_worker(adapter, tasks, folder, trials, runner, document, display, reuse,
+                              deadline)  # fmt: skip
+        after = standing(tasks, adapter.measurements(folder))
+        if stopped == TIME_UP:
+            display.say(f"relay-tasks: the time budget ({_duration(time_budget or 0)}) is spent; "
+                        f"{after.valid - before.valid} new valid measurements")  # fmt: skip
+            stopped = None
+        if stopped is not None:
+            raise TuningInterrupted(
+                f"stopped; {after.valid} valid measurements are kept in {folder}: run the same "
+                "command again to resume",
+                stopped,
+            )
+        new_failed = after.failed - before.failed
+        if after.valid == before.valid and new_failed > 0:
+            raise TuningError(
+                f"all {new_failed} measurements failed; the first: "
+                f"{after.first_error or 'unknown'} (details in {folder / LOG_FILE})"
+            )
+        return standing(every, adapter.measurements(folder), read_defaults(folder))
 
 
 def _reused(
@@ -278,6 +282,7 @@ def tuned_for(work_dir: str | Path) -> TaskFile:
     """The task file a tune left in ``work_dir``: what it tuned, with which tuner, for which
     target (what ``status`` and ``compile`` read)."""
     folder = Path(work_dir)
+    finish_prune(folder)
     if not os.path.lexists(folder / TASKS_FILE):  # what else it is, load_tasks says
         raise UsageError(f"{folder} is not a relay-tasks work dir (no {TASKS_FILE}); "
                          "give the --work-dir of a tune")  # fmt: skip
@@ -600,8 +605,9 @@ class _Progress:
         budget = None if self.deadline is None else self.deadline - self.started
         line = progress_line(self.tasks, records, self.trials, since=self.since, elapsed=elapsed,
                              defaults_missing=missing, time_budget=budget)  # fmt: skip
-        task = line.split(" | ")[0]
-        moved, self.task = bool(self.task) and task != self.task, task
+        task = line.split(" | ")[0]  # a task's end: the tuner went on to another one
+        moved = self.task.startswith("tuning task") and task.startswith("tuning task")
+        moved, self.task = moved and task != self.task, task
         if time.monotonic() - self.last < self.interval and not (moved and not self.terminal):
             return
         self.last = time.monotonic()
