@@ -63,6 +63,7 @@ from .base import (
     failure_cause,
     read_causes,
     record_lines,
+    record_values,
     valid_for,
 )
 from .functions import read_source, source_data
@@ -564,9 +565,9 @@ def _records(log: Path) -> Iterator[_Record]:
     """The records of ``log``, each checked against the allowlist of steps before Ansor's
     reader sees it (:func:`.records.ansor_problem`); one that is not a record is one error
     naming the file and the line."""
-    for number, line in record_lines(log):
+    for number, line, value in record_values(log):
         try:
-            task, (_, steps) = json.loads(line)["i"]  # {"i": [task, [stages, steps]], "r": ...}
+            task, (_, steps) = value["i"]  # {"i": [task, [stages, steps]], "r": ...}
         except (KeyError, IndexError, TypeError, ValueError) as err:
             raise damaged(log, number, f"not an Ansor record ({type(err).__name__})") from err
         problem = ansor_problem(task, steps)

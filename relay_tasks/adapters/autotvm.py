@@ -55,6 +55,7 @@ from .base import (
     failure_cause,
     read_causes,
     record_lines,
+    record_values,
 )
 from .functions import only_fields, read_dtype, read_shape, read_source, source_data
 from .journal import adopt_lines, append, records_of
@@ -677,8 +678,7 @@ class _Record(NamedTuple):
 def _records(log: Path) -> Iterator[_Record]:
     """The records of ``log``, each checked before AutoTVM decodes it: a line that is not one
     AutoTVM writes is damage (one ``ModelError`` naming the file and the line)."""
-    for number, line in record_lines(log):
-        record = json.loads(line)
+    for number, line, record in record_values(log):
         problem = autotvm_problem(record, autotvm.task.task.TASK_TABLE)
         if problem:
             raise damaged(log, number, problem)

@@ -178,19 +178,26 @@ def record_lines(path: Path) -> list[tuple[int, str]]:
     that is not JSON anywhere else is damage no crash makes: one ``ModelError`` naming the file
     and the line.
     """
+    return [(number, line) for number, line, _ in record_values(path)]
+
+
+def record_values(path: Path) -> list[tuple[int, str, Any]]:
+    """:func:`record_lines` with each line's JSON value: a reader that needs the value takes it
+    from here instead of parsing the line a second time (a MetaSchedule record is kilobytes)."""
     data = read_regular(path)  # a FIFO or a device in its place is refused, never waited on
     if data is None:
         return []
     text = data.decode("utf-8", errors="replace")
     numbered = [(n, line) for n, line in enumerate(text.split("\n"), start=1) if line.strip()]
+    values = []
     for position, (number, line) in enumerate(numbered):
         try:
-            json.loads(line)
+            values.append((number, line, json.loads(line)))
         except (ValueError, RecursionError) as err:  # RecursionError: nested too deeply
             if position == len(numbered) - 1:
-                return numbered[:-1]
+                return values
             raise damaged(path, number, str(err)) from err
-    return numbered
+    return values
 
 
 def damaged(path: Path, line: int, why: str) -> ModelError:

@@ -28,7 +28,7 @@ from tvm.ir import IRModule
 
 from ..errors import describe_failure
 from ..files import read_regular
-from .base import cause_lines, damaged, record_lines
+from .base import cause_lines, damaged, record_lines, record_values
 from .journal import locked, write_locked
 from .records import trace_problem
 
@@ -75,9 +75,9 @@ def read_records(work_dir: Path) -> tuple[list[str], list[Entry]]:
     workloads, records = work_dir / WORKLOADS, work_dir / RECORDS
     keys = [_line_key(workloads, number, line) for number, line in record_lines(workloads)]
     entries = []
-    for number, line in record_lines(records):
+    for number, _, value in record_values(records):
         try:
-            index, (trace, run_secs, *rest) = json.loads(line)
+            index, (trace, run_secs, *rest) = value
             key = keys[index]
         except (TypeError, ValueError, IndexError) as err:
             raise damaged(records, number, f"{type(err).__name__}: {err}") from err

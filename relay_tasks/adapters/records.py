@@ -10,6 +10,7 @@ is a damaged record (a ``ModelError`` naming file and line), never something to 
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from typing import Any
@@ -149,6 +150,7 @@ def _strings(value: Any) -> list[str]:
     return []
 
 
+@functools.lru_cache(maxsize=4096)  # records of one task repeat their layout transforms
 def _object_json_problem(text: str) -> str | None:
     """A trace's string that TVM would read as object JSON (an input written ``{...}``, a layout
     transform's attribute) must be an index map as MetaSchedule's layout transforms write them:
