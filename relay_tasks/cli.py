@@ -445,8 +445,8 @@ def _status_verb(args: argparse.Namespace) -> int:
 
 
 def _compile(args: argparse.Namespace) -> int:
+    from .host import check_runs_here
     from .tuning import compile as building
-    from .tuning.device import check_runs_here
     from .tuning.logs import set_aside_cut_lines
     from .tuning.tune import parse_tracker
 

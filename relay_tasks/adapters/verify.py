@@ -31,7 +31,7 @@ CANDIDATES = 5
 
 
 def runs_here(target: Any) -> bool:
-    from ..tuning.device import check_runs_here
+    from ..host import check_runs_here
 
     try:
         check_runs_here(target, doing="verify")

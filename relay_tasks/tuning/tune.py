@@ -38,9 +38,10 @@ from ..adapters.journal import locked, open_appending, set_aside_cut_line
 from ..errors import ModelError, TuningError, TuningInterrupted, UsageError
 from ..export import TaskFile, dumps, load_tasks, tasks_document
 from ..files import read_regular
+from ..host import check_runs_here
 from ..inputs import TargetLike, as_target
 from .defaults import read_defaults, stale_defaults
-from .device import check_runs_here, check_tracker, devices_left
+from .device import check_tracker, devices_left
 from .logs import refuse_links
 from .prune import finish_prune, tuning
 from .records import Standing, standing
