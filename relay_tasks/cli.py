@@ -161,6 +161,21 @@ def build_parser() -> argparse.ArgumentParser:
     _work_dir_option(cut)
     cut.add_argument("--keep", type=int, required=True, metavar="K", help="records per task")
 
+    ship = verbs.add_parser(
+        "export",
+        help="write the best records of each task in the tuner's own format",
+        description="Write the K fastest valid records of each task in --work-dir to OUTPUT in "
+        "the tuner's format, for TVM's own readers (tvmc compile --tuning-records, "
+        "apply_history_best): an AutoTVM or Ansor log file, a MetaSchedule database folder.",
+    )
+    _work_dir_option(ship)
+    ship.add_argument(
+        "-o", "--output", required=True, help="the log file (a folder for MetaSchedule)"
+    )
+    ship.add_argument(
+        "--keep", type=int, default=1, metavar="K", help="records per task (default 1)"
+    )
+
     serve = verbs.add_parser(
         "serve",
         help="run an RPC server for tune --rpc-tracker on a device",
@@ -223,7 +238,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         with warnings.catch_warnings():
             warnings.showwarning = _one_line_warning
             verb = {"extract": _extract, "tune": _tune, "status": _status_verb,
-                    "compile": _compile, "prune": _prune, "serve": _serve}[args.verb]  # fmt: skip
+                    "compile": _compile, "prune": _prune, "export": _export,
+                    "serve": _serve}[args.verb]  # fmt: skip
             return verb(args)
     except TuningInterrupted as err:
         _error_line(f"interrupted: {err}")
@@ -409,6 +425,17 @@ def _prune(args: argparse.Namespace) -> int:
     folder = Path(args.work_dir)
     done = prune(get_adapter(tuned_for(folder).tuner), folder, args.keep)
     print(done.summary(folder))
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from .tuning.prune import export_best
+    from .tuning.tune import tuned_for
+
+    folder = Path(args.work_dir)
+    tuner = tuned_for(folder).tuner
+    written = export_best(get_adapter(tuner), folder, Path(args.output), args.keep)
+    print(f"{written} {tuner} records (the best {args.keep} a task) in {args.output}")
     return 0
 
 

@@ -1,4 +1,5 @@
-"""``relay-tasks prune``: a work dir cut down to what a build and a search need.
+"""``relay-tasks prune`` and ``export``: a work dir cut down to what a build and a search need,
+in place or into files TVM's own readers take.
 
 A tune for a week, or a fleet's shared work dir, holds far more records than any command
 uses: a build applies the best of each task, a search seeds from a few. Pruning keeps, per
@@ -105,16 +106,17 @@ def prune(adapter: Adapter, folder: Path, keep: int) -> Pruned:
     return Pruned(len(measured), len(chosen), size, sum(_size(folder / name) for name in new))
 
 
-def kept(measured: Sequence[Measurement], keep: int) -> list[int]:
+def kept(measured: Sequence[Measurement], keep: int, *, failures: bool = True) -> list[int]:
     """The positions of the records a prune keeps, in their order: per task its ``keep``
-    fastest valid ones (the earlier of equal ones) and the first failure of each cause."""
+    fastest valid ones (the earlier of equal ones) and (``failures``) the first failure of each
+    cause."""
     fastest: dict[str, list[int]] = {}
     causes: set[tuple[str, str]] = set()
     chosen = set()
     for i, m in enumerate(measured):
         if m.valid:
             fastest.setdefault(m.key, []).append(i)
-        elif (m.key, m.error) not in causes:
+        elif failures and (m.key, m.error) not in causes:
             causes.add((m.key, m.error))
             chosen.add(i)
     for positions in fastest.values():
@@ -122,18 +124,66 @@ def kept(measured: Sequence[Measurement], keep: int) -> list[int]:
     return sorted(chosen)
 
 
+def export_best(adapter: Adapter, folder: Path, output: Path, keep: int = 1) -> int:
+    """Write the ``keep`` fastest valid records of each task of ``folder`` to ``output`` in the
+    tuner's own format, for TVM's readers (``tvmc compile --tuning-records``,
+    ``apply_history_best``, ``ApplyHistoryBest``, MetaSchedule's ``JSONDatabase``): AutoTVM's
+    and Ansor's a log file, MetaSchedule's a folder holding the database's two files. Returns
+    how many records were written."""
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+        raise UsageError(f"--keep must be a whole number of at least 1, got {keep!r}")
+    files = adapter.files
+    if files is None:
+        raise UsageError(f"{adapter.name} keeps no records relay-tasks can export")
+    with locked(folder, shared=True):
+        measured = adapter.measurements(folder)
+        lines = [line for _, line in record_lines(folder / files.records)]
+        workloads = [name for name in adapter.logs if name not in files]
+        copied = {name: read_regular(folder / name) or b"" for name in workloads}
+    chosen = [lines[i] for i in kept(measured, keep, failures=False)]
+    data = "".join(line + "\n" for line in chosen).encode()
+    if not workloads:
+        _write_new(output, data)
+        return len(chosen)
+    if output.exists() and not output.is_dir():
+        raise UsageError(
+            f"{output} is a file; {adapter.name} records go to a folder: name a new one"
+        )
+    if not output.parent.is_dir():
+        raise UsageError(f"{output.parent} is not a folder; create it first")
+    output.mkdir(exist_ok=True)
+    for name, content in copied.items():  # records point into them by line number
+        _write_new(output / name, content)
+    _write_new(output / files.records, data)
+    return len(chosen)
+
+
+def _write_new(path: Path, data: bytes) -> None:
+    """``path`` holding ``data``, whole or not at all (written beside it, then renamed)."""
+    if not path.parent.is_dir():
+        raise UsageError(f"{path.parent} is not a folder; create it first")
+    fresh = path.with_name(path.name + NEW_SUFFIX)
+    _write_fresh(fresh, data)
+    os.replace(fresh, path)
+
+
+def _write_fresh(path: Path, data: bytes) -> None:
+    """``data`` in a file of its own, on disk before it is renamed anywhere."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(path, flags, 0o644)
+    try:
+        while data:
+            data = data[os.write(fd, data) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _replace(folder: Path, new: dict[str, list[str]]) -> None:
     """Write each file's new lines beside it, then the marker, then rename them all."""
     for name, text in new.items():
         data = "".join(line + "\n" for line in text).encode()
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
-        fd = os.open(folder / (name + NEW_SUFFIX), flags, 0o644)
-        try:
-            while data:
-                data = data[os.write(fd, data) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        _write_fresh(folder / (name + NEW_SUFFIX), data)
     _write_marker(folder, list(new))
     _finish(folder)
 

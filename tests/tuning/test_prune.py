@@ -153,3 +153,39 @@ def test_a_forged_marker_renames_nothing(tuned: dict[str, Path], tmp_path: Path,
     assert main(["status", "--work-dir", str(work)]) == relay_tasks.TuningError.exit_code
     assert "is damaged; remove it" in capsys.readouterr().err
     assert (work / "tasks.json").read_bytes() == before
+
+
+@pytest.mark.parametrize("tuner", TUNERS)
+def test_export_writes_the_best_records_that_tvms_own_readers_take(
+    tuner: str, tuned: dict[str, Path], tmp_path: Path, capsys
+) -> None:
+    """What tvmc users ship: the fastest valid record of each task, in the tuner's format,
+    read back by TVM's own reader (not ours) with the same latencies."""
+    import numpy as np
+    from tvm import auto_scheduler, autotvm
+    from tvm import meta_schedule as ms
+
+    work, out = tuned[tuner], tmp_path / "best"
+    assert main(["export", "--work-dir", str(work), "-o", str(out)]) == 0
+    best: dict[str, float] = {}
+    for m in get_adapter(tuner).measurements(work):
+        if m.valid:
+            best[m.key] = min(best.get(m.key, np.inf), m.seconds)
+    if tuner == "autotvm":
+        read = [float(np.mean(res.costs)) for _, res in autotvm.record.load_from_file(str(out))]
+    elif tuner == "ansor":
+        read = [float(np.mean([c.value for c in res.costs]))
+                for _, res in auto_scheduler.load_records(str(out))]  # fmt: skip
+    else:
+        database = ms.database.JSONDatabase(
+            path_workload=str(out / "database_workload.json"),
+            path_tuning_record=str(out / "database_tuning_record.json"),
+            allow_missing=False,
+        )
+        read = [float(np.mean([float(s) for s in r.run_secs]))
+                for r in database.get_all_tuning_records()]  # fmt: skip
+    assert sorted(read) == pytest.approx(sorted(best.values()))
+    assert capsys.readouterr().out == f"{len(best)} {tuner} records (the best 1 a task) in {out}\n"
+    assert main(["export", "--work-dir", str(work), "-o", str(tmp_path / "no" / "log")]) == (
+        relay_tasks.UsageError.exit_code
+    )
