@@ -144,6 +144,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="also build it untuned, run both and print their latencies",
     )
     build.add_argument(
+        "--versus",
+        choices=("onnxruntime",),
+        help="with --benchmark and an ONNX model: also time ONNX Runtime (CPU, all cores) in "
+        "the same rounds (pip install 'relay-tasks[versus]')",
+    )
+    build.add_argument(
         "--untuned",
         action="store_true",
         help="build even where the records cover none of the model's tasks (TVM's default "
@@ -480,6 +486,12 @@ def _compile(args: argparse.Namespace) -> int:
     tracker = parse_tracker(args.rpc_tracker, args.rpc_key)
     if tracker and not args.benchmark:
         raise UsageError("--rpc-tracker applies to --benchmark only")
+    if args.versus and not args.benchmark:
+        raise UsageError("--versus applies to --benchmark only")
+    if args.versus:
+        from .tuning.versus import check_versus
+
+        check_versus(args.versus, args.models[0], remote=bool(tracker))
     building.check_output(args.output)
     ((source, mod, params),) = _loaded_models(args, args.models)
     chosen = building.plan(mod, params, args.work_dir)
@@ -501,8 +513,16 @@ def _compile(args: argparse.Namespace) -> int:
         remote = _remote(tracker, args.rpc_key) if tracker else None
         inputs = building.random_inputs(mod, params)
         untuned_factory = building.build_untuned(mod, params, chosen.target)
-        tuned, untuned = building.compare([factory, untuned_factory], inputs, remote=remote)
+        others = []
+        if args.versus:
+            from .tuning.versus import OnnxRuntime
+
+            others.append(OnnxRuntime(args.models[0], inputs))
+        tuned, untuned, *rest = building.compare([factory, untuned_factory], inputs,
+                                                 remote=remote, others=others)  # fmt: skip
         print(building.summary(tuned, untuned))
+        for other, run in zip(others, rest, strict=True):
+            print(building.versus(tuned, run, other.name))
     return 0
 
 

@@ -252,24 +252,31 @@ def compare(
     repeat: int = REPEATS,
     min_repeat_ms: int = MIN_REPEAT_MS,
     remote: Any = None,
+    others: Sequence[Any] = (),
 ) -> list[Run]:
     """Latency of each build's ``repeat`` repeats (after a warm-up), and its outputs, on this
     machine's CPU or on an RPC session's device; the repeats are taken in :data:`ROUNDS` rounds
-    that time each build in turn, so that the host's drift falls on all of them alike."""
+    that time each build in turn, so that the host's drift falls on all of them alike.
+    ``others`` are other runtimes timed in the same rounds, after the builds (objects with
+    ``time(count, min_repeat_ms)`` and ``outputs()``, as :class:`.versus.OnnxRuntime`)."""
     graphs = [_graph(f, inputs, remote, f"model{i}.tar") for i, f in enumerate(factories)]
-    repeats: list[list[float]] = [[] for _ in graphs]
+    repeats: list[list[float]] = [[] for _ in [*graphs, *others]]
     rounds = max(1, min(ROUNDS, repeat))
     for number in range(rounds):
         count = repeat // rounds + (1 if number < repeat % rounds else 0)
-        for (graph, device), times in zip(graphs, repeats, strict=True):
+        for (graph, device), times in zip(graphs, repeats, strict=False):
             timing = graph.benchmark(device, number=1, repeat=count, min_repeat_ms=min_repeat_ms,
                                      end_to_end=False)  # fmt: skip
             times += [float(s) for s in timing.results]
+        for other, times in zip(others, repeats[len(graphs) :], strict=True):
+            times += other.time(count, min_repeat_ms)
     timed = []
-    for (graph, _), times in zip(graphs, repeats, strict=True):
+    for (graph, _), times in zip(graphs, repeats, strict=False):
         graph.run()
         outputs = [graph.get_output(i).numpy() for i in range(graph.get_num_outputs())]
         timed.append(Run(times, outputs))
+    for other, times in zip(others, repeats[len(graphs) :], strict=True):
+        timed.append(Run(times, other.outputs()))
     return timed
 
 
@@ -301,6 +308,15 @@ def summary(tuned: Run, untuned: Run) -> str:
     apart = max_difference(tuned.outputs, untuned.outputs)
     return (f"tuned {_timing(tuned)}, untuned {_timing(untuned)}: {_verdict(tuned, untuned)}; "
             f"outputs differ by at most {apart:.3g}")  # fmt: skip
+
+
+def versus(tuned: Run, other: Run, name: str) -> str:
+    """Another runtime's latency beside the tuned build's, with the same rules as
+    :func:`summary`."""
+    apart = max_difference(tuned.outputs, other.outputs)
+    return (
+        f"{name} {_timing(other)}: {_verdict(tuned, other)}; outputs differ by at most {apart:.3g}"
+    )
 
 
 def _timing(run: Run) -> str:

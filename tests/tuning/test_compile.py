@@ -472,3 +472,66 @@ def test_tvms_warnings_of_functions_without_records_are_one_line(tuned, tmp_path
         f"{work / 'tune.log'})"
     ]
     assert "Cannot find workload: " in (work / "tune.log").read_text()
+
+
+def _tiny_onnx(path: Path) -> Path:
+    """The tiny model (dense 1x32 by 16x32, relu) as an ONNX file, its weight an initializer."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from tuned_models import tiny_weight
+
+    graph = helper.make_graph(
+        [helper.make_node("Gemm", ["data", "w"], ["y"], transB=1),
+         helper.make_node("Relu", ["y"], ["out"])],
+        "tiny",
+        [helper.make_tensor_value_info("data", TensorProto.FLOAT, [1, 32])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 16])],
+        [numpy_helper.from_array(tiny_weight(), "w")],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+def test_benchmark_versus_onnxruntime_in_the_same_rounds(tuned, tmp_path, capsys) -> None:
+    """ONNX Runtime's latency beside the tuned and untuned ones, timed in the same rounds, on
+    the same inputs, its outputs compared with the tuned build's."""
+    import onnxruntime
+
+    model = _tiny_onnx(tmp_path / "tiny.onnx")
+    argv = ["compile", str(model), "--work-dir", str(tuned["autotvm"]), "-o",
+            str(tmp_path / "m.so"), "--benchmark", "--versus", "onnxruntime"]  # fmt: skip
+    assert main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].endswith("2/2 tasks tuned, library in " + str(tmp_path / "m.so"))
+    assert re.fullmatch(BENCHMARK_LINE, lines[1])
+    versus = rf"onnxruntime {re.escape(onnxruntime.__version__)} {_TIMING}: ({_VERDICT})"
+    found = re.fullmatch(versus + r"; outputs differ by at most ([0-9.e-]+)", lines[2])
+    assert found and float(found.group(found.lastindex or 0)) < 1e-4, lines[2]
+
+
+def test_versus_is_refused_where_it_cannot_compare(tuned, tiny, tmp_path, capsys) -> None:
+    text, params = tiny
+    base = ["compile", str(text), "--params", str(params), "--work-dir", str(tuned["autotvm"]),
+            "-o", str(tmp_path / "m.so")]  # fmt: skip
+    assert main([*base, "--versus", "onnxruntime"]) == 2
+    assert capsys.readouterr().err == "relay-tasks: error: --versus applies to --benchmark only\n"
+    assert main([*base, "--benchmark", "--versus", "onnxruntime"]) == 2
+    assert capsys.readouterr().err == (
+        f"relay-tasks: error: --versus onnxruntime needs an ONNX model file; {text} is not one "
+        "(export the model to ONNX and compile that)\n"
+    )
+    assert not (tmp_path / "m.so").exists()
+
+
+def test_onnxruntime_that_cannot_run_the_model_is_one_error(tmp_path) -> None:
+    """ONNX Runtime reads the file in a confined child; its refusal comes back as one error."""
+    from relay_tasks.errors import ModelError
+    from relay_tasks.tuning.versus import OnnxRuntime
+
+    path = tmp_path / "not.onnx"
+    path.write_bytes(b"\x08\x07garbage")
+    with pytest.raises(ModelError, match=rf"^ONNX Runtime cannot run {re.escape(str(path))}: "):
+        OnnxRuntime(path, {}).time(1, 1)
