@@ -196,8 +196,21 @@ def record_values(path: Path) -> list[tuple[int, str, Any]]:
         except (ValueError, RecursionError) as err:  # RecursionError: nested too deeply
             if position == len(numbered) - 1:
                 return values
+            if not values and not any(is_json(rest) for _, rest in numbered[position + 1 :]):
+                raise ModelError(f"{path} is not a log the tuner wrote: none of its lines is a "
+                                 "record; restore the file, or remove it to start its records "
+                                 "anew") from err  # fmt: skip
             raise damaged(path, number, str(err)) from err
     return values
+
+
+def is_json(line: str | bytes) -> bool:
+    """Whether ``line`` is one JSON value (a line nested past Python's reader is not)."""
+    try:
+        json.loads(line)
+    except (ValueError, RecursionError):
+        return False
+    return True
 
 
 def damaged(path: Path, line: int, why: str) -> ModelError:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import json
 import os
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
@@ -25,7 +24,7 @@ from typing import BinaryIO
 
 from ..errors import DamagedRecordWarning, TuningError, warn
 from ..files import read_regular
-from .base import Measurement, TunerTask, record_lines
+from .base import Measurement, TunerTask, is_json, record_lines
 
 #: The lock file, in the work dir.
 LOCK_FILE = ".lock"
@@ -126,9 +125,11 @@ def set_aside_cut_line(path: Path) -> None:
         return  # the common case, from the last byte alone (a log grows to megabytes)
     data = read_regular(path) or b""
     start = data.rfind(b"\n") + 1
+    if start and not is_json(data[: data.find(b"\n")]):
+        return  # no log the tuner wrote (its first line is no record): its reader says so
     aside = path.with_name(path.name + DAMAGED_SUFFIX)
     try:
-        if _is_json(data[start:]):
+        if is_json(data[start:]):
             with open_appending(path) as handle:
                 handle.write(b"\n")
             return
@@ -153,14 +154,6 @@ def whole(path: Path) -> bool:
         return True
     last = read_regular(path, offset=max(size - 1, 0))  # refuses what is no regular file
     return not last or last.endswith(b"\n")
-
-
-def _is_json(line: bytes) -> bool:
-    try:
-        json.loads(line)
-    except (ValueError, RecursionError):
-        return False
-    return True
 
 
 def open_appending(path: Path) -> BinaryIO:

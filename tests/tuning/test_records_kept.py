@@ -116,6 +116,24 @@ def test_a_damaged_line_before_the_last_is_one_error_naming_it(
 
 
 @pytest.mark.parametrize("tuner", TUNERS)
+def test_a_log_replaced_by_garbage_is_one_error_and_is_left_as_it_is(
+    tuner, tiny, tuned, tmp_path, capsys
+):
+    """No warning that records are kept, no part moved aside, no "remove that line" where no
+    line is a record: one error saying the file is not the tuner's log."""
+    work, log, _ = _records(tuned, tuner, tmp_path)
+    garbage = bytes(range(256)).replace(b"\n", b"") * 40 + b"\nmore garbage\nand a cut tail"
+    log.write_bytes(garbage)
+    for argv in (["status", "--work-dir", str(work)], tune_argv(tiny, tuner, work, 5)):
+        assert main(argv) == 3
+        assert capsys.readouterr().err == (
+            f"relay-tasks: error: {log} is not a log the tuner wrote: none of its lines is a "
+            "record; restore the file, or remove it to start its records anew\n"
+        )
+    assert log.read_bytes() == garbage and not list(work.glob("*.damaged"))
+
+
+@pytest.mark.parametrize("tuner", TUNERS)
 def test_a_record_the_tuner_cannot_read_is_one_error_naming_it(tuner, tuned, tmp_path, capsys):
     """Valid JSON, but not a record: the readers' own exceptions become one line."""
     work, log, lines = _records(tuned, tuner, tmp_path)
