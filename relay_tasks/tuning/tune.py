@@ -430,7 +430,7 @@ def _run_worker(
                 display.update()
                 time.sleep(0.2)
         finally:
-            display.close()
+            display.finish()
             _stop(child)
     if stop:
         return stop[0]
@@ -588,24 +588,24 @@ class _Progress:
         self.terminal = sys.stderr.isatty()
         self.started = time.monotonic()
         self.interval = 1.0 if self.terminal else QUIET_INTERVAL
-        self.last = self.looked = time.monotonic() if not self.terminal else 0.0
+        self.last = time.monotonic() if not self.terminal else 0.0
         self.width = 0
+        self.reader: threading.Thread | None = None
+        self.done = threading.Event()
+        self.latest: str | None = None  # the reader thread's last line, until printed
+        self.took = 0.0  # seconds the reader's last look took
         self.task = ""  # the part of the last line that names the task
         self.deadline: float | None = None  # when the time budget is spent (time.monotonic())
 
     def update(self) -> None:
-        if time.monotonic() - self.looked < 1.0:
+        """Print the latest line the reader thread made, if it is time to."""
+        if self.reader is None:
+            self.reader = threading.Thread(target=self._read, name="relay-tasks-progress",
+                                           daemon=True)  # fmt: skip
+            self.reader.start()
+        line, self.latest = self.latest, None
+        if line is None:
             return
-        self.looked = time.monotonic()
-        try:
-            records = self.adapter.measurements(self.folder)
-            missing = self._defaults_missing()
-        except Exception:  # a log being written can be read half-way; try again later
-            return
-        elapsed = self.looked - self.started
-        budget = None if self.deadline is None else self.deadline - self.started
-        line = progress_line(self.tasks, records, self.trials, since=self.since, elapsed=elapsed,
-                             defaults_missing=missing, time_budget=budget)  # fmt: skip
         task = line.split(" | ")[0]  # a task's end: the tuner went on to another one
         moved = self.task.startswith("tuning task") and task.startswith("tuning task")
         moved, self.task = moved and task != self.task, task
@@ -617,6 +617,29 @@ class _Progress:
             self.width = len(line)
         else:
             self._write(f"relay-tasks: {line}\n")
+
+    def _read(self) -> None:
+        """The reader thread: the records read again and again, each look at most half of the
+        time (a work dir of 20,000 MetaSchedule records takes 20 s to read), so that the
+        supervisor's loop never waits on it for a signal or the time budget."""
+        while not self.done.wait(max(PROGRESS_POLL, self.took)):
+            started = time.monotonic()
+            try:
+                records = self.adapter.measurements(self.folder)
+                missing = self._defaults_missing()
+            except Exception:  # a log being written can be read half-way; try again later
+                continue
+            elapsed = time.monotonic() - self.started
+            budget = None if self.deadline is None else self.deadline - self.started
+            self.latest = progress_line(self.tasks, records, self.trials, since=self.since,
+                                        elapsed=elapsed, defaults_missing=missing,
+                                        time_budget=budget)  # fmt: skip
+            self.took = time.monotonic() - started
+
+    def finish(self) -> None:
+        """Stop the reader thread and clear the line."""
+        self.done.set()
+        self.close()
 
     def _defaults_missing(self) -> int:
         if not self.defaults:
@@ -645,6 +668,8 @@ class _Progress:
 
 #: Seconds between two progress lines off a terminal.
 QUIET_INTERVAL = 30.0
+#: Seconds between two looks at the records for the progress line, at least.
+PROGRESS_POLL = 1.0
 
 
 def progress_line(
