@@ -473,7 +473,7 @@ def _status_verb(args: argparse.Namespace) -> int:
     else:
         print(format_status(now, flops))
     if args.plot:
-        plot(args.plot, now, records)
+        plot(args.plot, now, records, f"{folder}: {tuned.tuner} for {tuned.target}")
     return 0
 
 

@@ -651,8 +651,8 @@ def test_status_reads_the_work_dirs_task_file_or_the_models_tasks(
     drawn: list[tuple] = []
     monkeypatch.setattr(status_module, "plot", lambda *args: drawn.append(args))
     assert main(["status", "--work-dir", str(work), "--plot", "p.png"]) == 0
-    ((path, now, records),) = drawn
-    assert (path, records) == ("p.png", [])
+    ((path, now, records, title),) = drawn
+    assert (path, records, title) == ("p.png", [], f"{work}: autotvm for {tvm.target.Target(CUDA)}")
     assert [(r.task.key, r.valid, r.best) for r in now.tasks] == [(t.key, 0, None) for t in tasks]
     assert main(["status", "--work-dir", str(tmp_path)]) == EXIT_USAGE
     assert "is not a relay-tasks work dir" in capsys.readouterr().err

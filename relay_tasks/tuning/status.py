@@ -10,7 +10,7 @@ from ..adapters import Adapter, TunerTask
 from ..adapters.base import Measurement
 from ..errors import DependencyError, UsageError
 from ..table import aligned
-from .records import Standing, latency_by_time, latency_by_trial
+from .records import Standing, TaskRecord, latency_by_time, latency_by_trial
 
 
 def format_status(now: Standing, flops: Sequence[float]) -> str:
@@ -109,9 +109,11 @@ def plot(
     path: str | Path,
     now: Standing,
     measurements: Sequence[Measurement],
+    title: str = "",
 ) -> None:
     """Estimated model latency against tuning time (against measurements where the records
-    keep no time), and each task's share of it, as an image."""
+    keep no time) beside the untuned estimate, and each task's share of it as the build takes
+    it (:func:`shares`), as an image titled ``title``."""
     try:
         import matplotlib
 
@@ -132,13 +134,19 @@ def plot(
         left.step([c / minutes for c, _ in curve], [s * 1e3 for _, s in curve], where="post")
     else:
         left.text(0.5, 0.5, "not every task measured yet", ha="center", transform=left.transAxes)
+    baseline = untuned_estimate(now)
+    if baseline is not None:
+        left.axhline(baseline * 1e3, color="gray", linestyle="--", label="TVM's default schedules")
+        left.legend(loc="upper right", fontsize=8)
     across = "minutes since the first measurement" if timed is not None else "measurements"
     left.set(xlabel=across, ylabel="estimated model latency (ms)",
              title="best estimated latency")  # fmt: skip
-    shares = [(r.task.name, r.task.weight * r.best * 1e3) for r in now.tasks if r.best]
-    right.barh([n for n, _ in shares][::-1], [s for _, s in shares][::-1])
-    right.set(xlabel="weight x best latency (ms)", title="share of the model by task")
+    bars = shares(now)
+    right.barh([n for n, _ in bars][::-1], [s * 1e3 for _, s in bars][::-1])
+    right.set(xlabel="weight x latency the build takes (ms)", title="share of the model by task")
     right.tick_params(axis="y", labelsize=7)
+    if title:
+        figure.suptitle(title)
     figure.tight_layout()
     try:
         figure.savefig(target)
@@ -146,3 +154,37 @@ def plot(
         raise UsageError(f"--plot {target}: cannot write it ({err.strerror})") from err
     finally:
         pyplot.close(figure)
+
+
+def shares(now: Standing) -> list[tuple[str, float]]:
+    """Each task the build runs, named as the table numbers it (``#3 conv2d_NCHWc.x86``: tasks
+    of one template share a name), with weight x the latency the build takes: its best record,
+    or the default schedule where that is faster ("(default)")."""
+    chosen = {id(r) for r in now.chosen}
+    fastest: dict[str, TaskRecord] = {}
+    for record in now.tasks:
+        held = fastest.get(record.task.alternatives_of)
+        if record.best is not None and (held is None or record.best < held.best):  # type: ignore[operator]
+            fastest[record.task.alternatives_of] = record
+    bars = []
+    for index, record in enumerate(now.tasks):
+        if fastest.get(record.task.alternatives_of) is not record:
+            continue  # unmeasured, or a faster alternative of the function is built
+        name = f"#{index} {record.task.name}"
+        if id(record) in chosen:
+            bars.append((name, record.task.weight * float(record.best)))  # type: ignore[arg-type]
+        else:
+            bars.append((f"{name} (default)", record.task.weight * float(record.default)))  # type: ignore[arg-type]
+    return bars
+
+
+def untuned_estimate(now: Standing) -> float | None:
+    """The model's latency with TVM's default schedules throughout, where every function's
+    default was measured: the line a tune starts from."""
+    fastest: dict[str, float] = {}
+    for record in now.tasks:
+        if record.default is None:
+            return None
+        group = record.task.alternatives_of
+        fastest[group] = record.task.weight * record.default
+    return sum(fastest.values()) if fastest else None

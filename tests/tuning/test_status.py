@@ -136,6 +136,17 @@ def test_alternatives_of_one_function_count_once_in_every_estimate() -> None:
         (2, pytest.approx(7e-3)),
         (3, pytest.approx(5e-3)),
     ]
+    # The plot's bars: what the build takes, each task numbered as in the table; its baseline
+    # the defaults throughout (the alternatives of one function share one default).
+    from relay_tasks.tuning.status import shares, untuned_estimate
+
+    timed = standing(tasks, records, {"f": 2.5e-3, "k3": 0.5e-3})
+    assert shares(timed) == [
+        ("#1 dense_pack.x86", pytest.approx(2 * 2e-3)),
+        ("#2 relu (default)", pytest.approx(0.5e-3)),
+    ]
+    assert untuned_estimate(timed) == pytest.approx(2 * 2.5e-3 + 0.5e-3)
+    assert untuned_estimate(now) is None  # no default measured
 
 
 def test_default_schedules_count_where_they_beat_the_records() -> None:
