@@ -713,7 +713,7 @@ def test_compile_builds_with_the_work_dirs_records_and_benchmarks(
 
     ran_on: list[object] = []
 
-    def run_remotely(factories, inputs, *, remote=None):
+    def run_remotely(factories, inputs, *, remote=None, others=()):
         ran_on.append((len(factories), remote))
         return [building.Run([1e-3], [np.zeros(4, "float32")]) for _ in factories]
 
