@@ -49,6 +49,7 @@ from .base import (
 )
 from .database import (
     ERRORS,
+    KEEP,
     RECORDS,
     TIMES,
     WORKLOADS,
@@ -348,7 +349,7 @@ WARMUP = 32
 #: population of 128), a round is what the allocation gives at once.
 WARM_BATCH, BATCH = 8, 32
 #: Most records of one task the cost model learns from at a tune's start (its fastest).
-LEARN_MOST = 256
+LEARN_MOST = KEEP  # what the work dir's database replays of each task
 #: Fewest rounds a phase's budget is cut into, so that the allocation has rounds to give;
 #: but never rounds of fewer than MIN_ROUND where the budget has more (every round restarts
 #: the builder's processes: a second each).
@@ -748,7 +749,7 @@ def build(
     computes what it computes; the other tasks (``others`` among them) get TVM's default
     schedules (:mod:`.untuned`)."""
     register_intrinsics(target)  # a record's trace may tensorize with one
-    database = WorkDatabase(work_dir, [t.native.dispatched[0] for t in tasks])
+    database = WorkDatabase(work_dir, [t.native.dispatched[0] for t in tasks], keep=CANDIDATES)
     memory, kept = _agreeing(database.memory, tasks, target)
     unchecked = [t for t in tasks if t not in kept]
     covered = covered_by(kept, [*others, *unchecked])

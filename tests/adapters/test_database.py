@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import tvm
 from tvm import meta_schedule as ms
 from tvm import te, tir
@@ -72,3 +73,22 @@ def test_two_tunes_sharing_the_files_number_each_others_workloads(tmp_path) -> N
     assert len((tmp_path / "database_workload.json").read_text().splitlines()) == 4
     for module in mods:  # and each reads back only its own, replayed on its module
         assert len(WorkDatabase(tmp_path, [module]).memory.get_all_tuning_records()) == 2
+
+
+def test_only_the_fastest_valid_records_of_each_task_are_replayed(tmp_path) -> None:
+    """Replaying a record costs milliseconds: a database opened on a long history holds the
+    ``keep`` fastest valid records of each task, never a failure, whatever else the files hold."""
+    mod = _module(2.0)
+    target = tvm.target.Target(HOST)
+    writer = WorkDatabase(tmp_path, [mod])
+    workload = writer.memory.commit_workload(mod)
+    times = [5e-3, 1e10, 2e-3, 4e-3, 1e-3, 3e-3]  # 1e10: MetaSchedule's mark of a failure
+    for seconds in times:
+        run = [tvm.tir.FloatImm("float32", seconds)]
+        writer.commit(
+            ms.database.TuningRecord(tir.Schedule(mod).trace, workload, run, target, None)
+        )
+    kept = WorkDatabase(tmp_path, [mod], keep=2).memory.get_all_tuning_records()
+    assert sorted(float(r.run_secs[0]) for r in kept) == pytest.approx([1e-3, 2e-3])
+    every = WorkDatabase(tmp_path, [mod]).memory.get_all_tuning_records()
+    assert len(every) == len(times) - 1
