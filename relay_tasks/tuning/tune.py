@@ -25,7 +25,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import asdict
 from functools import partial
@@ -626,26 +626,22 @@ class _Progress:
             started = time.monotonic()
             try:
                 records = self.adapter.measurements(self.folder)
-                missing = self._defaults_missing()
+                defaults = read_defaults(self.folder)
             except Exception:  # a log being written can be read half-way; try again later
                 continue
+            groups = {t.alternatives_of for t in self.tasks}
+            missing = len(groups - set(defaults)) if self.defaults else 0
             elapsed = time.monotonic() - self.started
             budget = None if self.deadline is None else self.deadline - self.started
             self.latest = progress_line(self.tasks, records, self.trials, since=self.since,
                                         elapsed=elapsed, defaults_missing=missing,
-                                        time_budget=budget)  # fmt: skip
+                                        time_budget=budget, defaults=defaults)  # fmt: skip
             self.took = time.monotonic() - started
 
     def finish(self) -> None:
         """Stop the reader thread and clear the line."""
         self.done.set()
         self.close()
-
-    def _defaults_missing(self) -> int:
-        if not self.defaults:
-            return 0
-        have = read_defaults(self.folder)
-        return len({t.alternatives_of for t in self.tasks} - set(have))
 
     def say(self, line: str) -> None:
         """A line of its own, above the progress line."""
@@ -681,12 +677,14 @@ def progress_line(
     elapsed: float | None = None,
     defaults_missing: int = 0,
     time_budget: float | None = None,
+    defaults: Mapping[str, float] | None = None,
 ) -> str:
     """The progress of a tune that started with ``since`` valid measurements ``elapsed``
     seconds ago. Tuners measure in batches and finish the one under way, so the count can pass
     the budget: the line then says how far, instead of showing more than all of it. The time
-    left is the pace so far carried on to the budget, or the ``time_budget``'s rest if sooner."""
-    now = standing(tasks, records)
+    left is the pace so far carried on to the budget, or the ``time_budget``'s rest if sooner.
+    The model's estimate takes each task's default schedule until it has a faster record."""
+    now = standing(tasks, records, defaults)
     keys = [t.key for t in tasks]
     current = next((keys.index(m.key) for m in reversed(records) if m.key in keys), 0)
     alternatives = len({t.alternatives_of for t in tasks})
