@@ -71,7 +71,7 @@ from .journal import adopt_lines, append, records_of
 from .records import ansor_problem
 from .similar import STARTS, Sizes, keep_fastest, nearest
 from .untuned import covered_by, untuned_as_without, variants_of, warn_unused
-from .verify import best_agreeing, results, runs_here
+from .verify import CANDIDATES, best_agreeing, results, runs_here
 
 NAME = "ansor"
 #: The records, one a line.
@@ -610,7 +610,7 @@ def build(
         t.native.workload_key for t in tasks if _rewrite_fails(t.native.compute_dag)
     )
     kept = list(tasks)
-    with records_of(LOG, measurements, tasks, work_dir) as log:
+    with records_of(LOG, measurements, tasks, work_dir, CANDIDATES) as log:
         if runs_here(target):
             chosen = _agreeing(log, tasks, target, unrewritable)
             log.write_text("".join(line for _, line in chosen))

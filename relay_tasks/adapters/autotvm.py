@@ -62,7 +62,7 @@ from .journal import adopt_lines, append, records_of
 from .records import autotvm_problem
 from .similar import STARTS, Sizes, apart, keep_fastest, nearest
 from .untuned import warn_unused
-from .verify import best_agreeing, results, runs_here
+from .verify import CANDIDATES, best_agreeing, results, runs_here
 
 NAME = "autotvm"
 #: The records, one a line.
@@ -712,7 +712,7 @@ def build(
     import tvm
     from tvm import relay
 
-    with records_of(LOG, measurements, tasks, work_dir) as log:
+    with records_of(LOG, measurements, tasks, work_dir, CANDIDATES) as log:
         if runs_here(target):
             chosen = _agreeing(log, tasks, target)
             log.write_text("".join(line for _, line in chosen))

@@ -86,18 +86,27 @@ def adopt_lines(
 
 @contextmanager
 def records_of(
-    log: str, read: Callable[[Path], list[Measurement]], tasks: Sequence[TunerTask], work_dir: Path
+    log: str,
+    read: Callable[[Path], list[Measurement]],
+    tasks: Sequence[TunerTask],
+    work_dir: Path,
+    keep: int,
 ) -> Iterator[Path]:
-    """A temporary copy of ``log`` holding only the records of ``tasks`` (each checked by
-    ``read``, the adapter's reader): what a build applies, where the tuner's own dispatcher
-    would take every record of the log."""
+    """A temporary copy of ``log`` holding only the ``keep`` fastest valid records of each of
+    ``tasks`` (each checked by ``read``, the adapter's reader): what a build applies, where the
+    tuner's own dispatcher would read every record of the log (AutoTVM's and Ansor's decode
+    each line again)."""
     keys = {t.key for t in tasks}
     measured = read(work_dir)
     lines = [line for _, line in record_lines(work_dir / log)]
+    fastest: dict[str, list[tuple[float, int]]] = {}
+    for position, m in enumerate(measured):
+        if m.valid and m.key in keys:
+            fastest.setdefault(m.key, []).append((float(m.seconds or 0.0), position))
+    chosen = sorted(p for ranked in fastest.values() for _, p in sorted(ranked)[:keep])
     with tempfile.TemporaryDirectory(prefix="relay-tasks-records-") as folder:
         path = Path(folder) / log
-        path.write_text("".join(line + "\n" for line, m in zip(lines, measured, strict=False)
-                                if m.key in keys))  # fmt: skip
+        path.write_text("".join(lines[p] + "\n" for p in chosen))
         yield path
 
 
