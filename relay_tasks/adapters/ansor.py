@@ -28,6 +28,7 @@ from tvm import auto_scheduler, relay, te, topi
 from tvm.auto_scheduler import relay_integration as upstream
 from tvm.auto_scheduler.relay_integration import TracingEnvironment, TracingMode
 from tvm.auto_scheduler.workload_registry import register_workload_tensors
+from tvm.contrib.popen_pool import PopenPoolExecutor
 from tvm.target import Target
 
 from ..errors import (
@@ -681,7 +682,27 @@ def _runner(runner: Runner) -> Any:
     if runner.tracker is None:
         return auto_scheduler.LocalRunner(repeat=1, timeout=_seconds(runner))
     host, port = runner.tracker
+    _BoundedPool.bound = _seconds(runner) + SESSION_MARGIN
+    auto_scheduler.measure.PopenPoolExecutor = _BoundedPool
     return auto_scheduler.RPCRunner(runner.key, host, port, repeat=1, timeout=_seconds(runner))
+
+
+class _BoundedPool(PopenPoolExecutor):  # type: ignore[misc]
+    """Ansor's RPC runner makes its pool without a timeout: a measurement on a device that
+    stopped answering (its server stopped, not gone: still registered) waited for ever, and the
+    tune with it. A pool made without one gets :attr:`bound`: the measurement fails as a run
+    timeout, the tracker hands that server nothing more (it never reports back free), and the
+    tune goes on with the others. Pools made with a timeout (the builder's) keep theirs."""
+
+    bound: float | None = None
+
+    def __init__(self, max_workers: int | None = None, timeout: float | None = None,
+                 *args: Any, **kwargs: Any) -> None:  # fmt: skip
+        super().__init__(max_workers, self.bound if timeout is None else timeout, *args, **kwargs)
+
+
+#: Seconds an RPC measurement gets past ``--timeout`` to connect through the tracker and upload.
+SESSION_MARGIN = 20
 
 
 def _seconds(runner: Runner) -> int:

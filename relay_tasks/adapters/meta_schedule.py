@@ -864,7 +864,17 @@ def _runner(runner: Runner) -> Any:
     host, port = runner.tracker
     config = ms.runner.RPCConfig(tracker_host=host, tracker_port=port, tracker_key=runner.key,
                                  session_timeout_sec=int(runner.timeout))  # fmt: skip
-    return ms.runner.RPCRunner(config)
+    remote = ms.runner.RPCRunner(config)
+    # MetaSchedule's RPCRunner makes its pool without a timeout: a measurement on a device that
+    # stopped answering (a server stopped, not gone: still registered) waited for ever, and the
+    # tune with it. Bounded, it fails as a timeout, the tracker hands that server nothing more
+    # (it never reports back free), and the tune goes on with the others.
+    remote.pool._timeout = runner.timeout + SESSION_MARGIN
+    return remote
+
+
+#: Seconds an RPC measurement gets past ``--timeout`` to connect through the tracker and upload.
+SESSION_MARGIN = 20.0
 
 
 #: The JSON database (workloads, a task's TIR a line, and records pointing into them) and the

@@ -702,9 +702,9 @@ def progress_line(
         parts = [f"tuning task {current + 1}/{len(tasks)}", count]
         best = now.tasks[current].best
         if now.latency is not None:
-            parts.append(f"model ~{now.latency * 1e3:.3f} ms")
+            parts.append(f"model ~{now.latency * 1e3:.4g} ms")
         elif best is not None:
-            parts.append(f"task best {best * 1e3:.3f} ms")
+            parts.append(f"task best {best * 1e3:.4g} ms")
     if elapsed is not None:
         done = now.valid - since
         rests = [] if time_budget is None else [max(time_budget - elapsed, 0.0)]

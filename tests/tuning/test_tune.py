@@ -340,7 +340,7 @@ def test_progress_says_what_is_true() -> None:
     assert progress_line(tasks, done[:3], 20, defaults_missing=1).startswith("tuning task 1/2")
     # The estimate takes the default schedules of tasks not measured yet.
     early = progress_line(tasks, done[:3], 20, defaults={"a": 2e-3, "b": 3e-3})
-    assert early == "tuning task 1/2 | 3/20 measured | model ~4.000 ms"
+    assert early == "tuning task 1/2 | 3/20 measured | model ~4 ms"
     # A time budget: no count of a budget, and the time left is the budget's rest if sooner.
     timed = progress_line(tasks, done[:9], None, since=4, elapsed=50.0, time_budget=80.0)
     assert "| 9 measured |" in timed and timed.endswith("50s elapsed, ~30s left")
