@@ -21,6 +21,14 @@ from .errors import ModelError
 MAX_BYTES = 4 << 30
 
 
+def write_all(fd: int, data: bytes | memoryview) -> None:
+    """All of ``data`` to ``fd``: one write, unless the disk fills (then its error is raised)
+    or a pipe takes it in parts."""
+    view = memoryview(data).cast("B")
+    while view:
+        view = view[os.write(fd, view) :]
+
+
 def read_regular(
     path: Path, *, follow: bool = False, offset: int = 0, limit: int = MAX_BYTES
 ) -> bytes | None:

@@ -39,6 +39,7 @@ from pathlib import Path
 
 from . import errors
 from .errors import ModelError, RelayTasksError, UsageError
+from .files import write_all
 
 #: The address space a child may take, and how many CPU seconds it may use.
 MEMORY = "RELAY_TASKS_SANDBOX_MEMORY"
@@ -219,17 +220,11 @@ def _child(work: Callable[[], Pieces], scratch: Path, answer: int) -> None:  # p
         ]
         text = json.dumps(header).encode()
         for piece in (struct.pack("<Q", len(text)), text, *result):
-            _write_all(answer, piece)
+            write_all(answer, piece)
     except BaseException:  # the child's end: anything else is an exit code
         code = 70
     finally:
         os._exit(code)
-
-
-def _write_all(fd: int, data: bytes | memoryview) -> None:
-    view = memoryview(data).cast("B")
-    while view:
-        view = view[os.write(fd, view) :]
 
 
 def _wait_for_eof(fd: int, pid: int, seconds: float) -> None:

@@ -52,6 +52,7 @@ from ..lowering.vm_cache import op_weights, storage_size_tasks, vm_function_name
 from ..optimize.pipeline import PassSettings, extraction_scope
 from ..request import Request
 from .base import (
+    SESSION_MARGIN,
     Adapter,
     Measurement,
     RecordFiles,
@@ -699,10 +700,6 @@ class _BoundedPool(PopenPoolExecutor):  # type: ignore[misc]
     def __init__(self, max_workers: int | None = None, timeout: float | None = None,
                  *args: Any, **kwargs: Any) -> None:  # fmt: skip
         super().__init__(max_workers, self.bound if timeout is None else timeout, *args, **kwargs)
-
-
-#: Seconds an RPC measurement gets past ``--timeout`` to connect through the tracker and upload.
-SESSION_MARGIN = 20
 
 
 def _seconds(runner: Runner) -> int:

@@ -77,6 +77,12 @@ class Runner:
     timeout: float = 10.0
 
 
+#: Seconds an RPC measurement gets past ``--timeout`` to connect through the tracker and upload
+#: (MetaSchedule's and Ansor's RPC runners bound none: a server that stops answering but stays
+#: registered held the tune for ever).
+SESSION_MARGIN = 20
+
+
 class RecordFiles(NamedTuple):
     """The files of a work dir matched line by line: the records, the causes of the failed
     ones (one line a failure, in order), and when each record was measured (where the records
@@ -168,6 +174,17 @@ def valid_for(tasks: Sequence[TunerTask], measurements: Iterable[Measurement]) -
     other tasks too, which fill no budget of these."""
     keys = {t.key for t in tasks}
     return sum(1 for m in measurements if m.valid and m.key in keys)
+
+
+def fastest(rows: Iterable[tuple[str, float | None]], keep: int) -> list[int]:
+    """Of ``(task key, seconds)`` rows (None: a failure, or a row not wanted), the positions of
+    each key's ``keep`` fastest (the earlier of equal ones), in the rows' order: the records a
+    build tries, a search seeds from, a prune keeps."""
+    by_key: dict[str, list[tuple[float, int]]] = {}
+    for position, (key, seconds) in enumerate(rows):
+        if seconds is not None:
+            by_key.setdefault(key, []).append((seconds, position))
+    return sorted(p for ranked in by_key.values() for _, p in sorted(ranked)[:keep])
 
 
 def record_lines(path: Path) -> list[tuple[int, str]]:

@@ -28,7 +28,7 @@ from tvm.ir import IRModule
 
 from ..errors import describe_failure
 from ..files import read_regular
-from .base import cause_lines, damaged, record_lines, record_values
+from .base import cause_lines, damaged, fastest, record_lines, record_values
 from .journal import locked, write_locked
 from .records import trace_problem
 
@@ -111,14 +111,9 @@ class WorkDatabase:
         with locked(work_dir, shared=True):  # reading: a read-only work dir is fine
             self._number(self._filed_since())
             _, entries = read_records(work_dir)
-        fastest: dict[str, list[tuple[float, int, Entry]]] = {}
-        for position, entry in enumerate(entries):
-            seconds = _seconds(entry)
-            if entry.key in self.modules and seconds is not None:
-                fastest.setdefault(entry.key, []).append((seconds, position, entry))
-        chosen = [kept for ranked in fastest.values() for kept in sorted(ranked)[:keep]]
-        for _, _, entry in sorted(chosen, key=lambda kept: kept[1]):  # in the files' order
-            self._load(entry)
+        wanted = ((e.key, _seconds(e) if e.key in self.modules else None) for e in entries)
+        for position in fastest(wanted, keep):  # in the files' order
+            self._load(entries[position])
 
     def _number(self, keys: Sequence[str]) -> None:
         """Workload lines ``count`` on: the first line of a key is the one records point at."""

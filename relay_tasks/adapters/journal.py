@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import BinaryIO
 
 from ..errors import DamagedRecordWarning, TuningError, warn
-from ..files import read_regular
-from .base import Measurement, TunerTask, is_json, record_lines
+from ..files import read_regular, write_all
+from .base import Measurement, TunerTask, fastest, is_json, record_lines
 
 #: The lock file, in the work dir.
 LOCK_FILE = ".lock"
@@ -39,11 +39,8 @@ def locked(work_dir: Path, *, shared: bool = False) -> Iterator[None]:
     another machine, a read-only mount) reads without the lock: none of its writers is here."""
     path = work_dir / LOCK_FILE
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        fd = open_lock(path)
     except OSError as err:
-        if err.errno == errno.ELOOP:
-            raise TuningError(f"{path} is a symbolic link; remove it (a lock is never "
-                              "followed out of the work dir)") from err  # fmt: skip
         if shared and err.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
             yield
             return
@@ -53,6 +50,18 @@ def locked(work_dir: Path, *, shared: bool = False) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # closing drops the lock
+
+
+def open_lock(path: Path) -> int:
+    """A lock file of the work dir opened (made if missing) for ``flock``; one that is a link
+    is a ``TuningError``, never followed out of the work dir; other failures raise ``OSError``."""
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise TuningError(f"{path} is a symbolic link; remove it (a lock is never "
+                              "followed out of the work dir)") from err  # fmt: skip
+        raise
 
 
 def append(work_dir: Path, lines: Sequence[tuple[str, Sequence[str]]]) -> None:
@@ -99,11 +108,8 @@ def records_of(
     keys = {t.key for t in tasks}
     measured = read(work_dir)
     lines = [line for _, line in record_lines(work_dir / log)]
-    fastest: dict[str, list[tuple[float, int]]] = {}
-    for position, m in enumerate(measured):
-        if m.valid and m.key in keys:
-            fastest.setdefault(m.key, []).append((float(m.seconds or 0.0), position))
-    chosen = sorted(p for ranked in fastest.values() for _, p in sorted(ranked)[:keep])
+    wanted = ((m.key, m.seconds if m.valid and m.key in keys else None) for m in measured)
+    chosen = fastest(wanted, keep)
     with tempfile.TemporaryDirectory(prefix="relay-tasks-records-") as folder:
         path = Path(folder) / log
         path.write_text("".join(lines[p] + "\n" for p in chosen))
@@ -120,9 +126,7 @@ def write_locked(work_dir: Path, lines: Sequence[tuple[str, Sequence[str]]]) -> 
         set_aside_cut_line(path)
         data = "".join(line.rstrip("\n") + "\n" for line in text).encode()
         with open_appending(path) as handle:
-            fd = handle.fileno()
-            while data:  # one write, unless the disk fills (then its error is raised)
-                data = data[os.write(fd, data) :]
+            write_all(handle.fileno(), data)
 
 
 def set_aside_cut_line(path: Path) -> None:

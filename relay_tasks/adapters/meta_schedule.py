@@ -36,6 +36,7 @@ from ..optimize.pipeline import PassSettings, extraction_scope
 from ..request import Request
 from .allocation import Allocation
 from .base import (
+    SESSION_MARGIN,
     Adapter,
     Measurement,
     RecordFiles,
@@ -871,10 +872,6 @@ def _runner(runner: Runner) -> Any:
     # (it never reports back free), and the tune goes on with the others.
     remote.pool._timeout = runner.timeout + SESSION_MARGIN
     return remote
-
-
-#: Seconds an RPC measurement gets past ``--timeout`` to connect through the tracker and upload.
-SESSION_MARGIN = 20.0
 
 
 #: The JSON database (workloads, a task's TIR a line, and records pointing into them) and the

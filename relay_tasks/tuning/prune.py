@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..adapters import ADAPTERS, Adapter
-from ..adapters.base import Measurement, record_lines
-from ..adapters.journal import locked, set_aside_cut_line
+from ..adapters.base import Measurement, RecordFiles, fastest, record_lines
+from ..adapters.journal import locked, open_lock, set_aside_cut_line
 from ..errors import TuningError, UsageError
-from ..files import read_regular
+from ..files import read_regular, write_all
 
 #: Held (shared) by every running tune, exclusively by a prune.
 TUNING_LOCK = ".tuning"
@@ -61,7 +61,10 @@ class Pruned:
 def tuning(folder: Path, *, exclusive: bool = False) -> Iterator[None]:
     """Hold the work dir's tune lock: shared for a tune (several may share a work dir), waiting
     for a prune under way; ``exclusive`` for a prune, refused at once while a tune holds it."""
-    fd = os.open(folder / TUNING_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+    try:
+        fd = open_lock(folder / TUNING_LOCK)
+    except OSError as err:
+        raise TuningError(f"cannot lock {folder / TUNING_LOCK}: {err.strerror}") from err
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB if exclusive else fcntl.LOCK_SH)
@@ -76,11 +79,7 @@ def tuning(folder: Path, *, exclusive: bool = False) -> Iterator[None]:
 def prune(adapter: Adapter, folder: Path, keep: int) -> Pruned:
     """Keep, per task, the ``keep`` fastest valid records of ``folder`` and the first failure of
     each cause; the tuner's files rewritten as one change (see the module's doc)."""
-    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
-        raise UsageError(f"--keep must be a whole number of at least 1, got {keep!r}")
-    files = adapter.files
-    if files is None:
-        raise UsageError(f"{adapter.name} keeps no records relay-tasks can prune")
+    files = _record_files(adapter, keep, "prune")
     with tuning(folder, exclusive=True), locked(folder):
         _finish(folder)
         for name in adapter.logs:
@@ -106,21 +105,25 @@ def prune(adapter: Adapter, folder: Path, keep: int) -> Pruned:
     return Pruned(len(measured), len(chosen), size, sum(_size(folder / name) for name in new))
 
 
+def _record_files(adapter: Adapter, keep: int, doing: str) -> RecordFiles:
+    """The adapter's record files, once ``keep`` is a count of records a task."""
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+        raise UsageError(f"--keep must be a whole number of at least 1, got {keep!r}")
+    if adapter.files is None:
+        raise UsageError(f"{adapter.name} keeps no records relay-tasks can {doing}")
+    return adapter.files
+
+
 def kept(measured: Sequence[Measurement], keep: int, *, failures: bool = True) -> list[int]:
     """The positions of the records a prune keeps, in their order: per task its ``keep``
     fastest valid ones (the earlier of equal ones) and (``failures``) the first failure of each
     cause."""
-    fastest: dict[str, list[int]] = {}
+    chosen = set(fastest(((m.key, m.seconds if m.valid else None) for m in measured), keep))
     causes: set[tuple[str, str]] = set()
-    chosen = set()
     for i, m in enumerate(measured):
-        if m.valid:
-            fastest.setdefault(m.key, []).append(i)
-        elif failures and (m.key, m.error) not in causes:
+        if failures and not m.valid and (m.key, m.error) not in causes:
             causes.add((m.key, m.error))
             chosen.add(i)
-    for positions in fastest.values():
-        chosen.update(sorted(positions, key=lambda i: (measured[i].seconds, i))[:keep])
     return sorted(chosen)
 
 
@@ -130,11 +133,7 @@ def export_best(adapter: Adapter, folder: Path, output: Path, keep: int = 1) -> 
     ``apply_history_best``, ``ApplyHistoryBest``, MetaSchedule's ``JSONDatabase``): AutoTVM's
     and Ansor's a log file, MetaSchedule's a folder holding the database's two files. Returns
     how many records were written."""
-    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
-        raise UsageError(f"--keep must be a whole number of at least 1, got {keep!r}")
-    files = adapter.files
-    if files is None:
-        raise UsageError(f"{adapter.name} keeps no records relay-tasks can export")
+    files = _record_files(adapter, keep, "export")
     with locked(folder, shared=True):
         measured = adapter.measurements(folder)
         lines = [line for _, line in record_lines(folder / files.records)]
@@ -172,8 +171,7 @@ def _write_fresh(path: Path, data: bytes) -> None:
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
     fd = os.open(path, flags, 0o644)
     try:
-        while data:
-            data = data[os.write(fd, data) :]
+        write_all(fd, data)
         os.fsync(fd)
     finally:
         os.close(fd)
