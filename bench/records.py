@@ -8,14 +8,16 @@ same), with their failures' causes and times, up to each size. Per size, each co
 in a process of its own, timed whole (Python's start and imports included), with its peak
 resident memory (``wait4``):
 
-- ``status`` and ``compile`` (``relay-tasks``, as a user runs them);
+- ``status`` twice (the first builds the index beside the records, the second reads it),
+  ``compile``, ``tune --reuse`` of the work dir into a new one, and ``tune`` resumed for 2
+  more valid measurements (``relay-tasks``, as a user runs them);
 - TVM's reader of the same files, as its tutorials apply records: MetaSchedule's
   ``JSONDatabase`` (every workload and record read, then the best of each workload queried),
   AutoTVM's ``ApplyHistoryBest``, Ansor's ``ApplyHistoryBest`` (each reads the whole log and
   keeps the best per workload). TVM's readers trust the files; ours check every record.
 
-    python bench/records.py                                # dcgan, every tuner, 10^2 to 10^4
-    python bench/records.py --tuners meta_schedule --sizes 100 10000 100000
+    python bench/records.py                        # dcgan, every tuner, 10^2, 10^4, 10^5
+    python bench/records.py --tuners autotvm ansor --sizes 1000000
 """
 
 from __future__ import annotations
@@ -50,31 +52,40 @@ def _slower(tuner: str, record: Any, factor: float) -> Any:
     return record
 
 
+#: Slower copies made of each seed record; the rest repeat them (a million JSON round trips of
+#: a 5 KB MetaSchedule record would take longer than the commands timed).
+VARIANTS = 64
+
+
 def grow(seed: Path, work: Path, tuner: str, size: int) -> None:
-    """``work``: the work dir ``seed`` with its records repeated (slower) up to ``size``."""
+    """``work``: the work dir ``seed`` with its records repeated (slower) up to ``size``,
+    written as they are made (a million records do not fit in memory twice)."""
     from relay_tasks.adapters import get_adapter
 
     files = get_adapter(tuner).files
-    assert files is not None
     shutil.copytree(seed, work)
     records = (seed / files.records).read_text().splitlines()
     times = (seed / files.times).read_text().splitlines() if files.times else []
     rng = random.Random(0)
-    lines, stamps = [], []
-    for i in range(size):
-        line = records[i % len(records)]
-        if i >= len(records):
-            line = json.dumps(_slower(tuner, json.loads(line), 1 + rng.random()),
-                              separators=(",", ":"))  # fmt: skip
-        lines.append(line)
-        if times:
-            stamps.append(times[i % len(times)])
-    failures = sum(1 for line in lines if _failed(tuner, json.loads(line)))
-    (work / files.records).write_text("\n".join(lines) + "\n")
+    copies = [[json.dumps(_slower(tuner, json.loads(line), 1 + rng.random()),
+                          separators=(",", ":")) for _ in range(VARIANTS)]
+              for line in records]  # fmt: skip
+    failed = [_failed(tuner, json.loads(line)) for line in records]
     cause = json.dumps({"error": "a failure of the seed tune, repeated"}) + "\n"
-    (work / files.causes).write_text(cause * failures)
-    if files.times:
-        (work / files.times).write_text("\n".join(stamps) + "\n")
+    with (
+        (work / files.records).open("w") as out,
+        (work / files.causes).open("w") as causes,
+        (work / (files.times or "unused-times")).open("w") as stamps,
+    ):
+        for i in range(size):
+            seed_line, rank = i % len(records), i // len(records)
+            out.write((records[seed_line] if rank == 0 else copies[seed_line][rank % VARIANTS])
+                      + "\n")  # fmt: skip
+            if failed[seed_line]:
+                causes.write(cause)
+            if times:
+                stamps.write(times[i % len(times)] + "\n")
+    (work / "unused-times").unlink(missing_ok=True)
 
 
 def _failed(tuner: str, record: Any) -> bool:
@@ -121,11 +132,17 @@ def tvm_reader(tuner: str, work: str) -> None:
         auto_scheduler.ApplyHistoryBest(str(folder / "ansor.json"))
 
 
+#: Records past which TVM's own reader is not timed, by tuner: MetaSchedule's JSONDatabase
+#: replays every record in C++ at ~17 ms each (170 s at 10^4), and is linear.
+TVM_UP_TO = {"meta_schedule": 10_000}
+COLUMNS = ("index", "status", "compile", "reuse", "tune", "tvm")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--model", default="dcgan", help="a zoo name (default dcgan)")
     parser.add_argument("--tuners", nargs="+", choices=TUNERS, default=list(TUNERS))
-    parser.add_argument("--sizes", nargs="+", type=int, default=[100, 1000, 10000])
+    parser.add_argument("--sizes", nargs="+", type=int, default=[100, 10_000, 100_000])
     parser.add_argument("--trials", type=int, default=16, help="valid records of the seed tune")
     parser.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "records-bench")
     args = parser.parse_args()
@@ -138,26 +155,44 @@ def main() -> None:
             subprocess.run([*cli, "tune", args.model, "--tuner", tuner, "--trials",
                             str(args.trials), "--work-dir", str(seed)], check=True)  # fmt: skip
         for size in args.sizes:
-            work = args.out / f"{tuner}-{size}"
-            shutil.rmtree(work, ignore_errors=True)
+            work, fresh = args.out / f"{tuner}-{size}", args.out / f"{tuner}-{size}-reuse"
+            for folder in (work, fresh):
+                shutil.rmtree(folder, ignore_errors=True)
             grow(seed, work, tuner, size)
             mb = sum(p.stat().st_size for p in work.iterdir() if p.is_file()) / 2**20
-            row = {"tuner": tuner, "records": size, "MB": mb}
-            row["status"] = timed([*cli, "status", "--work-dir", str(work)])
+            row: dict[str, Any] = {"tuner": tuner, "records": size, "MB": mb}
+            status = [*cli, "status", "--work-dir", str(work)]
+            row["index"] = timed(status)  # the first look builds the index
+            row["status"] = timed(status)
             row["compile"] = timed([*cli, "compile", args.model, "--work-dir", str(work),
                                     "-o", str(work / "model.so")])  # fmt: skip
-            row["tvm"] = timed([sys.executable, __file__, "--tvm-reader", tuner, str(work)])
+            tune = [*cli, "tune", args.model, "--tuner", tuner]
+            row["reuse"] = timed([*tune, "--trials", "1", "--work-dir", str(fresh),
+                                  "--reuse", str(work)])  # fmt: skip
+            valid = _valid(cli, work)
+            row["tune"] = timed([*tune, "--trials", str(valid + 2), "--work-dir", str(work)])
+            if size <= TVM_UP_TO.get(tuner, size):
+                row["tvm"] = timed([sys.executable, __file__, "--tvm-reader", tuner, str(work)])
             rows.append(row)
             print(_line(row), flush=True)
-            shutil.rmtree(work)
-    print("\n| tuner | records | MB | status s (MB) | compile s (MB) | TVM's reader s (MB) |")
-    print("|---|---|---|---|---|---|")
+            for folder in (work, fresh):
+                shutil.rmtree(folder)
+    print("\n| tuner | records | MB | first status (builds the index) | status | compile "
+          "| tune --reuse | tune, 2 more | TVM's reader |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         print(_line(row))
 
 
+def _valid(cli: list[str], work: Path) -> int:
+    """The valid measurements in ``work``, as ``status --format json`` counts them."""
+    out = subprocess.run([*cli, "status", "--work-dir", str(work), "--format", "json"],
+                         check=True, capture_output=True, text=True).stdout  # fmt: skip
+    return int(json.loads(out)["valid"])
+
+
 def _line(row: dict[str, Any]) -> str:
-    cells = [f"{row[k][0]:.2f} ({row[k][1]:.0f})" for k in ("status", "compile", "tvm")]
+    cells = [f"{row[k][0]:.2f} ({row[k][1]:.0f})" if k in row else "-" for k in COLUMNS]
     return f"| {row['tuner']} | {row['records']:,} | {row['MB']:.1f} | " + " | ".join(cells) + " |"
 
 

@@ -446,6 +446,7 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _status_verb(args: argparse.Namespace) -> int:
+    from .adapters.index import tally_in
     from .api import extract_models
     from .tuning import standing
     from .tuning.defaults import read_defaults
@@ -460,8 +461,7 @@ def _status_verb(args: argparse.Namespace) -> int:
         tasks = extract_models(models, tuned.target, tuner=adapter)
     else:
         tasks = tuned.tasks
-    records = adapter.measurements(folder)
-    now = standing(tasks, records, read_defaults(folder))
+    now = standing(tasks, tally_in(adapter, folder), read_defaults(folder))
     flops = task_flops(adapter, tasks)
     if args.format == "json":
         document = {
@@ -473,7 +473,13 @@ def _status_verb(args: argparse.Namespace) -> int:
     else:
         print(format_status(now, flops))
     if args.plot:
-        plot(args.plot, now, records, f"{folder}: {tuned.tuner} for {tuned.target}")
+        # the plot draws the whole history: the one view that reads every record
+        plot(
+            args.plot,
+            now,
+            adapter.measurements(folder),
+            f"{folder}: {tuned.tuner} for {tuned.target}",
+        )
     return 0
 
 

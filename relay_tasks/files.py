@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 from .errors import ModelError
@@ -38,6 +39,28 @@ def read_regular(
     larger than ``limit``. ``follow`` is for a file the user names: a task file given on the
     command line may be a link they made.
     """
+    fd = open_regular(path, follow=follow)
+    if fd is None:
+        return None
+    try:
+        if os.fstat(fd).st_size - offset > limit:
+            raise ModelError(f"{path} holds {os.fstat(fd).st_size:,} bytes, more than the "
+                             f"{limit:,} any such file holds: remove it")  # fmt: skip
+        chunks = []
+        position = offset
+        while chunk := os.pread(fd, 1 << 24, position):
+            chunks.append(chunk)
+            position += len(chunk)
+            if position - offset > limit:  # a file still growing past the bound
+                raise ModelError(f"{path} grew past {limit:,} bytes while it was read")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def open_regular(path: Path, *, follow: bool = False) -> int | None:
+    """``path`` opened to read (None if there is no such file), refused as :func:`read_regular`
+    says; the caller closes the descriptor."""
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
     try:
         fd = os.open(path, flags)
@@ -50,23 +73,63 @@ def read_regular(
                 "was written: put the file itself there"
             ) from err
         raise ModelError(f"{path}: cannot read it ({err.strerror})") from err
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ModelError(
+            f"{path} is not a regular file (a FIFO, a device or a folder), which relay-tasks "
+            "never writes there: remove it"
+        )
+    return fd
+
+
+#: Bytes read at a time where a file is read line by line (a log may be gigabytes).
+CHUNK = 1 << 22
+#: The longest line a reader takes from a log (a MetaSchedule record is kilobytes).
+MAX_LINE = 1 << 26
+
+
+def read_lines(path: Path, offset: int = 0) -> Iterator[tuple[int, bytes, bool]]:
+    """The lines of ``path`` from ``offset`` (a line's start) as ``(offset, bytes, ended)``, a
+    chunk at a time: memory holds one chunk, never the file. ``ended`` is False for a last line
+    without its newline. A line longer than :data:`MAX_LINE` is a ``ModelError``."""
+    fd = open_regular(path)
+    if fd is None:
+        return
     try:
-        status = os.fstat(fd)
-        if not stat.S_ISREG(status.st_mode):
-            raise ModelError(
-                f"{path} is not a regular file (a FIFO, a device or a folder), which relay-tasks "
-                "never writes there: remove it"
-            )
-        if status.st_size - offset > limit:
-            raise ModelError(f"{path} holds {status.st_size:,} bytes, more than the "
-                             f"{limit:,} any such file holds: remove it")  # fmt: skip
-        chunks = []
-        position = offset
-        while chunk := os.pread(fd, 1 << 24, position):
-            chunks.append(chunk)
+        pending, start, position = b"", offset, offset
+        while chunk := os.pread(fd, CHUNK, position):
             position += len(chunk)
-            if position - offset > limit:  # a file still growing past the bound
-                raise ModelError(f"{path} grew past {limit:,} bytes while it was read")
-        return b"".join(chunks)
+            data = pending + chunk
+            begin = 0
+            while (end := data.find(b"\n", begin)) >= 0:
+                yield start + begin, data[begin:end], True
+                begin = end + 1
+            pending, start = data[begin:], start + begin
+            if len(pending) > MAX_LINE:
+                raise ModelError(f"{path}: a line at byte {start:,} is longer than "
+                                 f"{MAX_LINE:,} bytes, which no record is: remove it")  # fmt: skip
+        if pending:
+            yield start, pending, False
+    finally:
+        os.close(fd)
+
+
+def line_at(path: Path, offset: int) -> bytes | None:
+    """The whole line of ``path`` that starts at ``offset`` (without its newline), or None
+    where no line starts there: ``offset`` past the end, inside a line, or a last line
+    without its newline."""
+    fd = None if offset < 0 else open_regular(path)
+    if fd is None:
+        return None
+    try:
+        if offset and os.pread(fd, 1, offset - 1) != b"\n":
+            return None
+        data = b""
+        while len(data) <= MAX_LINE and (chunk := os.pread(fd, 1 << 16, offset + len(data))):
+            end = chunk.find(b"\n")
+            if end >= 0:
+                return data + chunk[:end]
+            data += chunk
+        return None
     finally:
         os.close(fd)

@@ -15,10 +15,11 @@ A task of which nothing is known yet (no default, no valid record) is measured f
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from .base import Measurement, TunerTask
+from .base import TunerTask
+from .index import Records, as_tally
 
 #: The weight of the recent fall of a task's best against its latency per round (upstream's).
 ALPHA = 0.2
@@ -48,21 +49,20 @@ class Allocation:
     def __init__(
         self,
         tasks: Sequence[TunerTask],
-        measurements: Iterable[Measurement],
+        records: Records,
         defaults: Mapping[str, float],
     ) -> None:
-        by_key: dict[str, list[Measurement]] = {}
-        for m in measurements:
-            by_key.setdefault(m.key, []).append(m)
         self.groups = [task.alternatives_of for task in tasks]
         self.shares = []
+        summed = as_tally(records)
         for task in tasks:
-            mine = by_key.get(task.key, [])
-            known = [float(m.seconds) for m in mine if m.valid]  # type: ignore[arg-type]
+            mine = summed.of(task.key)
+            known = [seconds for seconds, _, _ in mine.best[:1]]
             default = defaults.get(task.alternatives_of)
             if default is not None:
                 known.append(default)
-            self.shares.append(Share(float(task.weight), min(known, default=None), len(mine)))
+            trials = mine.valid + mine.failed
+            self.shares.append(Share(float(task.weight), min(known, default=None), trials))
 
     def measured(self, index: int, seconds: float | None) -> None:
         """One measurement of task ``index``: its latency, or None where it failed."""

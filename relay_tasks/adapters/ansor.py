@@ -17,7 +17,7 @@ import json
 import math
 import tempfile
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import MappingProxyType
@@ -54,6 +54,7 @@ from ..request import Request
 from .base import (
     SESSION_MARGIN,
     Adapter,
+    Line,
     Measurement,
     RecordFiles,
     Runner,
@@ -61,15 +62,22 @@ from .base import (
     TunerTask,
     cause_lines,
     damaged,
-    failure,
     failure_cause,
-    read_causes,
     record_lines,
-    record_values,
-    valid_for,
 )
 from .functions import read_source, source_data
-from .journal import adopt_lines, append, records_of
+from .index import (
+    SEED,
+    Records,
+    adopt_lines,
+    as_tally,
+    best_records,
+    filled,
+    history,
+    records_of,
+    tally,
+)
+from .journal import append
 from .records import ansor_problem
 from .similar import STARTS, Sizes, keep_fastest, nearest
 from .untuned import covered_by, untuned_as_without, variants_of, warn_unused
@@ -214,9 +222,8 @@ def tune(
     budget. Its cost model first learns the records of these tasks and of ``teachers()``
     (tasks tuned for other models, here or in ``--reuse`` dirs), and a task with no records
     starts from the best states of its nearest similar tasks (:class:`_Tutors`)."""
-    log = work_dir / LOG
-    records = measurements(work_dir)
-    budget = trials - valid_for(tasks, records)
+    records = tally(read, work_dir, FILES)
+    budget = trials - records.valid_for(t.key for t in tasks)
     if budget <= 0:
         return
     natives = [_measurable(t.native) for t in tasks]
@@ -227,38 +234,44 @@ def tune(
     model = auto_scheduler.XGBModel(num_warmup_sample=len(tasks) * per_round)
     if tutors.inputs:
         model.update(tutors.inputs, tutors.results)
-    ours = {t.key for t in tasks} & {m.key for m in records}
-    scheduler = _FromDefaults(
-        natives,
-        [t.weight for t in tasks],
-        [defaults.get(t.alternatives_of) for t in tasks],
-        records,
-        tutors,
-        model,
-        work_dir,
-        load_log_file=str(log) if ours else None,
-        # Upstream's default writes total_latency.tsv into the current directory.
-        callbacks=[
-            auto_scheduler.task_scheduler.PrintTableInfo(),
-            auto_scheduler.task_scheduler.LogEstimatedLatency(str(work_dir / "total_latency.tsv")),
-        ],
-    )
-    preload = [auto_scheduler.PreloadMeasuredStates(str(log))] if ours else None
-    search = _search(max(1, budget // len(tasks)))
-    scheduler.tune(
-        auto_scheduler.TuningOptions(
-            # Ansor's scheduler measures every task before it weighs them: not fewer than that.
-            num_measure_trials=max(budget, len(tasks)),
-            num_measures_per_round=per_round,
-            builder=auto_scheduler.LocalBuilder(timeout=_seconds(runner)),  # --timeout bounds both
-            runner=_runner(runner),
-            measure_callbacks=[scheduler.keep],
-        ),
-        search_policy=[
-            auto_scheduler.SketchPolicy(t, model, params=search, init_search_callbacks=preload)
-            for t in natives
-        ],
-    )
+    ours = {t.key for t in tasks} & records.measured()
+    # Ansor's scheduler and search read what they start from with TVM's reader: they are
+    # handed each task's fastest records, not the whole history of the log.
+    with records_of(read, FILES, tasks, work_dir, SEED) as log:
+        scheduler = _FromDefaults(
+            natives,
+            [t.weight for t in tasks],
+            [defaults.get(t.alternatives_of) for t in tasks],
+            records,
+            tutors,
+            model,
+            work_dir,
+            filled(read, FILES, work_dir, [t.key for t in tasks], trials),
+            load_log_file=str(log) if ours else None,
+            # Upstream's default writes total_latency.tsv into the current directory.
+            callbacks=[
+                auto_scheduler.task_scheduler.PrintTableInfo(),
+                auto_scheduler.task_scheduler.LogEstimatedLatency(
+                    str(work_dir / "total_latency.tsv")
+                ),
+            ],
+        )
+        preload = [auto_scheduler.PreloadMeasuredStates(str(log))] if ours else None
+        search = _search(max(1, budget // len(tasks)))
+        scheduler.tune(
+            auto_scheduler.TuningOptions(
+                # Ansor's scheduler measures every task before it weighs them: not fewer.
+                num_measure_trials=max(budget, len(tasks)),
+                num_measures_per_round=per_round,
+                builder=auto_scheduler.LocalBuilder(timeout=_seconds(runner)),  # --timeout too
+                runner=_runner(runner),
+                measure_callbacks=[scheduler.keep],
+            ),
+            search_policy=[
+                auto_scheduler.SketchPolicy(t, model, params=search, init_search_callbacks=preload)
+                for t in natives
+            ],
+        )
 
 
 class _Tutors:
@@ -287,13 +300,16 @@ class _Tutors:
         for one in (t for group in tuned for t in group):
             folders.setdefault(one.work_dir, []).append(one.task.native)
         for folder, natives in folders.items():
-            tutors.read(folder / LOG, natives)
+            tutors.read(folder, natives)
         return tutors
 
-    def read(self, log: Path, tasks: Sequence[auto_scheduler.SearchTask]) -> None:
+    def read(self, work_dir: Path, tasks: Sequence[auto_scheduler.SearchTask]) -> None:
+        """The fastest records of ``tasks`` in ``work_dir`` (:data:`.index.SEED` a task: a
+        bounded sample of a long history for the cost model)."""
         for task in tasks:
             self.tasks[key(task)] = (task, _form(task), _sizes(task))
-        for record in _records(log):
+        chosen = best_records(read, FILES, work_dir, list(self.tasks), SEED)
+        for record in _records(work_dir / LOG, [line for line, _ in chosen]):
             if record.key in self.tasks:
                 self.inputs.append(record.inp)
                 self.results.append(record.res)
@@ -434,16 +450,17 @@ class _FromDefaults(auto_scheduler.TaskScheduler):  # type: ignore[misc]
     """
 
     def __init__(self, tasks: list[Any], weights: list[int], defaults: list[float | None],
-                 earlier: Sequence[Measurement], tutors: _Tutors, model: Any, work_dir: Path,
-                 **options: Any) -> None:  # fmt: skip
+                 earlier: Records, tutors: _Tutors, model: Any, work_dir: Path,
+                 full: Callable[[], bool], **options: Any) -> None:  # fmt: skip
         super().__init__(tasks, weights, **options)
-        self.defaults, self.tutors, self.model = defaults, tutors, model
+        self.defaults, self.tutors, self.model, self.full = defaults, tutors, model, full
         #: What records every round (the measurer's callback; called by :class:`_Starting`).
         self.keep = _Keep(work_dir, self)
         #: Measurements tried and valid ones, by task key, earlier records included: a task
         #: left in one pass is not tried again in the next.
-        self.tried = Counter(m.key for m in earlier)
-        self.valid = Counter(m.key for m in earlier if m.valid)
+        summed = as_tally(earlier).tasks
+        self.tried = Counter({k: t.valid + t.failed for k, t in summed.items()})
+        self.valid = Counter({k: t.valid for k, t in summed.items()})
         self.dead_tasks.update(i for i, task in enumerate(tasks) if self._barren(task))
         self._count_defaults()
 
@@ -456,7 +473,11 @@ class _FromDefaults(auto_scheduler.TaskScheduler):  # type: ignore[misc]
         is tuned no further (nor in later passes). Ansor weighs a failure
         as no improvement, so its gradient kept sending the rounds to the task holding the
         latency: a BERT's dense layers, whose every candidate failed in the layout rewrite
-        before :func:`_measurable`, took all 210 measurements of a tune of 64."""
+        before :func:`_measurable`, took all 210 measurements of a tune of 64. Once the work
+        dir holds the budget (``full()``; another tune may have filled it), every task is."""
+        if self.full():
+            self.dead_tasks.update(range(len(self.tasks)))
+            return
         task = self.tasks[task_idx]
         states = [] if self.tried[key(task)] else self.tutors.starts(task)
         if not states:
@@ -496,6 +517,7 @@ class _FromDefaults(auto_scheduler.TaskScheduler):  # type: ignore[misc]
 
 #: The causes of failed measurements, one a line (Ansor's log keeps only an error code).
 ERRORS_FILE = "ansor_errors.jsonl"
+FILES = RecordFiles(LOG, ERRORS_FILE)
 
 
 class _Keep(auto_scheduler.measure.PythonBasedMeasureCallback):  # type: ignore[misc]
@@ -537,18 +559,17 @@ def _search(budget: int) -> dict[str, Any]:
     }
 
 
-def measurements(work_dir: Path) -> list[Measurement]:
-    causes = read_causes(work_dir / ERRORS_FILE)
+def read(work_dir: Path, lines: Iterable[Line]) -> Iterator[Measurement]:
     codes = {int(v): k for k, v in vars(auto_scheduler.measure.MeasureErrorNo).items()
              if isinstance(v, int)}  # fmt: skip
-    result = []
-    for record in _records(work_dir / LOG):
-        if record.seconds is not None:
-            result.append(Measurement(record.key, record.seconds, at=record.at))
-        else:
-            name = codes.get(record.error_no, f"error {record.error_no}")
-            result.append(Measurement(record.key, None, failure(name, next(causes)), record.at))
-    return result
+    for record in _records(work_dir / LOG, lines):
+        failed = record.seconds is None
+        name = codes.get(record.error_no, f"error {record.error_no}") if failed else ""
+        yield Measurement(record.key, record.seconds, name, record.at)
+
+
+def measurements(work_dir: Path) -> list[Measurement]:
+    return history(read, work_dir, FILES)
 
 
 class _Record(NamedTuple):
@@ -563,11 +584,11 @@ class _Record(NamedTuple):
     res: Any
 
 
-def _records(log: Path) -> Iterator[_Record]:
+def _records(log: Path, lines: Iterable[Line]) -> Iterator[_Record]:
     """The records of ``log``, each checked against the allowlist of steps before Ansor's
     reader sees it (:func:`.records.ansor_problem`); one that is not a record is one error
     naming the file and the line."""
-    for number, line, value in record_values(log):
+    for number, _, line, value, _ in lines:
         try:
             task, (_, steps) = value["i"]  # {"i": [task, [stages, steps]], "r": ...}
         except (KeyError, IndexError, TypeError, ValueError) as err:
@@ -612,7 +633,7 @@ def build(
         t.native.workload_key for t in tasks if _rewrite_fails(t.native.compute_dag)
     )
     kept = list(tasks)
-    with records_of(LOG, measurements, tasks, work_dir, CANDIDATES) as log:
+    with records_of(read, FILES, tasks, work_dir, CANDIDATES) as log:
         if runs_here(target):
             chosen = _agreeing(log, tasks, target, unrewritable)
             log.write_text("".join(line for _, line in chosen))
@@ -685,6 +706,10 @@ def _runner(runner: Runner) -> Any:
     host, port = runner.tracker
     _BoundedPool.bound = _seconds(runner) + SESSION_MARGIN
     auto_scheduler.measure.PopenPoolExecutor = _BoundedPool
+    # Ansor's runner first asks the tracker for a device in a session of its own, with no
+    # timeout: handed a server that stopped answering, it waited for ever before the first
+    # measurement. The supervisor has asked the tracker already (.tuning.device.check_tracker).
+    auto_scheduler.measure.check_remote = lambda *args, **kwargs: True
     return auto_scheduler.RPCRunner(runner.key, host, port, repeat=1, timeout=_seconds(runner))
 
 
@@ -716,9 +741,10 @@ def similar(tasks: Sequence[TunerTask], tuned: Callable[[], Sequence[Tuned]]) ->
 ADAPTER = Adapter(
     NAME, extract, encode, decode, key, merge, tune, measurements, flops, build,
     (LOG, ERRORS_FILE),
-    adopt=lambda tasks, source, work_dir: adopt_lines(LOG, measurements, tasks, source, work_dir),
+    adopt=lambda tasks, source, work_dir: adopt_lines(read, FILES, tasks, source, work_dir),
     similar=similar,
-    files=RecordFiles(LOG, ERRORS_FILE),
+    files=FILES,
+    read=read,
 )  # fmt: skip
 
 

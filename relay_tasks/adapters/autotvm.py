@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import math
 import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import MappingProxyType
@@ -44,6 +43,7 @@ from ..request import Request
 from .allocation import Allocation, apportion
 from .base import (
     Adapter,
+    Line,
     Measurement,
     RecordFiles,
     Runner,
@@ -51,14 +51,12 @@ from .base import (
     TunerTask,
     cause_lines,
     damaged,
-    failure,
     failure_cause,
-    read_causes,
     record_lines,
-    record_values,
 )
 from .functions import only_fields, read_dtype, read_shape, read_source, source_data
-from .journal import adopt_lines, append, records_of
+from .index import SEED, adopt_lines, best_records, filled, history, records_of, tally
+from .journal import append
 from .records import autotvm_problem
 from .similar import STARTS, Sizes, apart, keep_fastest, nearest
 from .untuned import warn_unused
@@ -361,25 +359,23 @@ def tune(
     and a task with none first measures the best configs of its nearest similar tasks among
     these and ``teachers()`` (tasks tuned for other models, here or in ``--reuse`` dirs; see
     :class:`_Tutors`). A failed measurement does not count, so a rerun retries it."""
-    records = measurements(work_dir)
-    valid: dict[str, int] = {}
-    for m in records:
-        valid[m.key] = valid.get(m.key, 0) + m.valid
+    records = tally(read, work_dir, FILES)
     natives = [create_task(t.native.name, t.native.args, target) for t in tasks]
     tutors = _Tutors.of([Tuned(t, work_dir) for t in tasks], teachers())
-    measured = {m.key for m in records}
+    measured = records.measured()
     plan = allotments(
         trials,
-        [valid.get(t.key, 0) for t in tasks],
+        [records.of(t.key).valid for t in tasks],
         [len(n.config_space) for n in natives],
         Allocation(tasks, records, defaults).parts(),
     )
+    full = filled(read, FILES, work_dir, [t.key for t in tasks], trials)
     with _measure_option(runner) as measure:
         for task, remaining in zip(natives, plan, strict=True):
             if remaining == 0:
                 continue
             starts = [] if key(task) in measured else tutors.starts(task)
-            tuner = _Starting(task, starts, loss_type="reg")
+            tuner = _Starting(task, starts, full, loss_type="reg")
             if tutors.history.get(key(task)):
                 tuner.load_history(tutors.history[key(task)], min_seed_records=1)
             tuner.tune(
@@ -419,13 +415,16 @@ class _Tutors:
         for one in (t for group in tuned for t in group):
             folders.setdefault(one.work_dir, []).append(one.task.native)
         for folder, natives in folders.items():
-            tutors.read(folder / LOG, natives)
+            tutors.read(folder, natives)
         return tutors
 
-    def read(self, log: Path, tasks: Sequence[autotvm.task.Task]) -> None:
+    def read(self, work_dir: Path, tasks: Sequence[autotvm.task.Task]) -> None:
+        """The fastest records of ``tasks`` in ``work_dir`` (:data:`.index.SEED` a task: a
+        bounded sample of a long history)."""
         for task in tasks:
             self.tasks[key(task)] = (task, _form(task), _sizes(task))
-        for record in _records(log):
+        chosen = best_records(read, FILES, work_dir, list(self.tasks), SEED)
+        for record in _records(work_dir / LOG, [line for line, _ in chosen]):
             known = self.tasks.get(record.key)
             if known is None or _outside(record.knobs, known[0].config_space):
                 continue  # another model's, or not what this task's search draws
@@ -495,11 +494,16 @@ def _nearest_entity(theirs: Any, entities: Sequence[Any]) -> int | None:
 
 
 class _Starting(autotvm.tuner.XGBTuner):  # type: ignore[misc]
-    """XGBTuner whose first batch measures ``starts`` (indices of its space) before its own."""
+    """XGBTuner whose first batch measures ``starts`` (indices of its space) before its own,
+    and which stops once ``full()``: the work dir holds the tune's budget."""
 
-    def __init__(self, task: autotvm.task.Task, starts: Sequence[int], **options: Any) -> None:
+    def __init__(self, task: autotvm.task.Task, starts: Sequence[int], full: Callable[[], bool],
+                 **options: Any) -> None:  # fmt: skip
         super().__init__(task, **options)
-        self.starts = list(starts)
+        self.starts, self.full = list(starts), full
+
+    def has_next(self) -> bool:
+        return bool(super().has_next()) and not self.full()
 
     def next_batch(self, batch_size: int) -> list[Any]:
         first: list[Any] = []
@@ -539,10 +543,20 @@ def _measure_option(runner: Runner) -> Iterator[Any]:
     options = {"number": 1, "repeat": 1, "timeout": runner.timeout}
     if runner.tracker is not None:
         host, port = runner.tracker
-        rpc = autotvm.RPCRunner(runner.key, host, port, **options)
+        rpc = _TrackerRunner(runner.key, host, port, **options)
         yield autotvm.measure_option(builder=_builder(runner), runner=rpc)
         return
     yield autotvm.measure_option(builder=_builder(runner), runner=_HereRunner(**options))
+
+
+class _TrackerRunner(autotvm.RPCRunner):  # type: ignore[misc]
+    """AutoTVM's RPC runner without its check of the tracker at each task: the check asks for
+    a device in a session with no timeout, and handed a server that stopped answering (still
+    registered) it waited for ever. The supervisor has asked the tracker already
+    (:func:`.tuning.device.check_tracker`), and each measurement's session is bounded."""
+
+    def set_task(self, task: Any) -> None:
+        self.task = task
 
 
 class _HereRunner(autotvm.RPCRunner):  # type: ignore[misc]
@@ -593,6 +607,7 @@ class _Here:
 
 #: The causes of failed measurements, one a line (AutoTVM's log keeps only an error code).
 ERRORS_FILE = "autotvm_errors.jsonl"
+FILES = RecordFiles(LOG, ERRORS_FILE)
 
 
 def _keep(work_dir: Path) -> Callable[[Any, Any, Any], None]:
@@ -625,18 +640,17 @@ def _builder(runner: Runner) -> Any:
     return autotvm.LocalBuilder(timeout=runner.timeout)
 
 
-def check_configs(natives: Sequence[autotvm.task.Task], log: Path) -> None:
-    """A record of one of ``natives`` may only choose values its config space holds: AutoTVM
+def check_configs(natives: Sequence[autotvm.task.Task], work_dir: Path) -> None:
+    """A record of one of ``natives`` that a build or a tune may apply (its fastest,
+    :data:`.index.SEED` a task) may only choose values its config space holds: AutoTVM
     applies a record's knobs as written, and a value no search draws (a split that does not
     divide, an unroll of millions) gives schedules nobody meant to build. Records of other
     tasks (other models sharing the work dir) are never applied to these."""
     spaces = {key(n): n.config_space for n in natives}
-    for number, line in record_lines(log):
-        record = json.loads(line)
-        space = spaces.get(key(autotvm.record.decode(line)[0].task))
-        problem = None if space is None else _outside(record["config"]["entity"], space)
+    for line, m in best_records(read, FILES, work_dir, spaces, SEED):
+        problem = _outside(line.value["config"]["entity"], spaces[m.key])
         if problem:
-            raise damaged(log, number, problem)
+            raise damaged(work_dir / LOG, line.number, problem)
 
 
 #: The attribute of a knob's entities that a record's value stands for, by knob kind.
@@ -655,10 +669,13 @@ def _outside(knobs: list[list[Any]], space: ConfigSpace) -> str | None:
     return None
 
 
+def read(work_dir: Path, lines: Iterable[Line]) -> Iterator[Measurement]:
+    for r in _records(work_dir / LOG, lines):
+        yield Measurement(r.key, r.seconds, r.error, r.at)
+
+
 def measurements(work_dir: Path) -> list[Measurement]:
-    causes = read_causes(work_dir / ERRORS_FILE)
-    return [Measurement(r.key, r.seconds, failure(r.error, next(causes)) if r.error else "", r.at)
-            for r in _records(work_dir / LOG)]  # fmt: skip
+    return history(read, work_dir, FILES)
 
 
 class _Record(NamedTuple):
@@ -675,10 +692,11 @@ class _Record(NamedTuple):
     at: float
 
 
-def _records(log: Path) -> Iterator[_Record]:
-    """The records of ``log``, each checked before AutoTVM decodes it: a line that is not one
-    AutoTVM writes is damage (one ``ModelError`` naming the file and the line)."""
-    for number, line, record in record_values(log):
+def _records(log: Path, lines: Iterable[Line]) -> Iterator[_Record]:
+    """The records of ``log`` on ``lines``, each checked before AutoTVM decodes it: a line
+    that is not one AutoTVM writes is damage (one ``ModelError`` naming the file and the
+    line)."""
+    for number, _, line, record, _ in lines:
         problem = autotvm_problem(record, autotvm.task.task.TASK_TABLE)
         if problem:
             raise damaged(log, number, problem)
@@ -712,14 +730,14 @@ def build(
     import tvm
     from tvm import relay
 
-    with records_of(LOG, measurements, tasks, work_dir, CANDIDATES) as log:
+    with records_of(read, FILES, tasks, work_dir, CANDIDATES) as log:
         if runs_here(target):
             chosen = _agreeing(log, tasks, target)
             log.write_text("".join(line for _, line in chosen))
             kept = [task for task, _ in chosen]
         else:
-            valid = {m.key for m in measurements(work_dir) if m.valid}
-            kept = [t for t in tasks if t.key in valid]
+            records = tally(read, work_dir, FILES)
+            kept = [t for t in tasks if records.of(t.key).valid]
         records = _Found(str(log))
     with records, tvm.transform.PassContext(opt_level=3):
         library = relay.build(mod, target=target, params=params)
@@ -818,8 +836,9 @@ def similar(tasks: Sequence[TunerTask], tuned: Callable[[], Sequence[Tuned]]) ->
 ADAPTER = Adapter(
     NAME, extract, encode, decode, key, merge, tune, measurements, flops, build,
     (LOG, ERRORS_FILE),
-    lambda tasks, work_dir: check_configs([t.native for t in tasks], work_dir / LOG),
-    lambda tasks, source, work_dir: adopt_lines(LOG, measurements, tasks, source, work_dir),
+    lambda tasks, work_dir: check_configs([t.native for t in tasks], work_dir),
+    lambda tasks, source, work_dir: adopt_lines(read, FILES, tasks, source, work_dir),
     similar,
-    RecordFiles(LOG, ERRORS_FILE),
+    FILES,
+    read,
 )  # fmt: skip

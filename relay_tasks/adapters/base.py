@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from ..errors import ModelError, describe_text
-from ..files import read_regular
+from ..files import read_lines
 from ..lowering.extract import Task
 
 
@@ -59,6 +59,17 @@ class Measurement:
         return s is not None and 0 < s < 1e9
 
 
+class Line(NamedTuple):
+    """One record line of a log: its number (from 1), the byte it starts at, its text, its
+    JSON value, and the byte after its newline (None for a last line without one)."""
+
+    number: int
+    offset: int
+    text: str
+    value: Any
+    end: int | None = None
+
+
 @dataclass(frozen=True)
 class Tuned:
     """A task tuned for another model, and the work dir its records are in (this tune's own,
@@ -86,11 +97,22 @@ SESSION_MARGIN = 20
 class RecordFiles(NamedTuple):
     """The files of a work dir matched line by line: the records, the causes of the failed
     ones (one line a failure, in order), and when each record was measured (where the records
-    do not say)."""
+    do not say); and the file whose lines the records name their tasks by, where they do
+    (MetaSchedule's workloads), which is only ever appended to."""
 
     records: str
     causes: str
     times: str = ""
+    workloads: str = ""
+
+    @property
+    def matched(self) -> tuple[str, ...]:
+        """The files matched line by line (what a prune rewrites together)."""
+        return tuple(name for name in (self.records, self.causes, self.times) if name)
+
+
+#: The files of an adapter that keeps no records.
+NO_FILES = RecordFiles("", "")
 
 
 @dataclass(frozen=True)
@@ -124,7 +146,11 @@ class Adapter:
     - ``similar(tasks, tuned)``: how many of ``tasks`` its tune starts from the records of
       similar tasks among ``tuned()`` (:class:`Tuned`), where it does;
     - ``files``: which of ``logs`` hold the records, their failures' causes and their times,
-      line by line (what ``prune`` rewrites together).
+      line by line (what ``prune`` rewrites together);
+    - ``read(work_dir, lines)``: the measurement of each record line (:class:`Line`) of
+      ``work_dir``'s records, in order, each line checked as any record is; a failure has no
+      seconds and, as its error, the tuner's name for it ("" where it names none), to which
+      :mod:`.index` joins its cause.
     """
 
     name: str
@@ -147,7 +173,10 @@ class Adapter:
     similar: Callable[[Sequence[TunerTask], Callable[[], Sequence[Tuned]]], int] = field(
         default=lambda tasks, tuned: 0, repr=False
     )
-    files: RecordFiles | None = None
+    files: RecordFiles = NO_FILES
+    read: Callable[[Path, Iterable[Line]], Iterator[Measurement]] = field(
+        default=lambda work_dir, lines: iter(()), repr=False
+    )
 
 
 def merge_equal(adapter: Adapter, tasks: Iterable[TunerTask]) -> list[TunerTask]:
@@ -167,13 +196,6 @@ def merge_equal(adapter: Adapter, tasks: Iterable[TunerTask]) -> list[TunerTask]
         )
         for group in groups.values()
     ]
-
-
-def valid_for(tasks: Sequence[TunerTask], measurements: Iterable[Measurement]) -> int:
-    """The valid measurements of ``tasks``: a work dir shared by several models holds records of
-    other tasks too, which fill no budget of these."""
-    keys = {t.key for t in tasks}
-    return sum(1 for m in measurements if m.valid and m.key in keys)
 
 
 def fastest(rows: Iterable[tuple[str, float | None]], keep: int) -> list[int]:
@@ -201,24 +223,32 @@ def record_lines(path: Path) -> list[tuple[int, str]]:
 def record_values(path: Path) -> list[tuple[int, str, Any]]:
     """:func:`record_lines` with each line's JSON value: a reader that needs the value takes it
     from here instead of parsing the line a second time (a MetaSchedule record is kilobytes)."""
-    data = read_regular(path)  # a FIFO or a device in its place is refused, never waited on
-    if data is None:
-        return []
-    text = data.decode("utf-8", errors="replace")
-    numbered = [(n, line) for n, line in enumerate(text.split("\n"), start=1) if line.strip()]
-    values = []
-    for position, (number, line) in enumerate(numbered):
+    return [(line.number, line.text, line.value) for line in scan(path)]
+
+
+def scan(path: Path, offset: int = 0, number: int = 0) -> Iterator[Line]:
+    """The record lines of ``path`` from byte ``offset``, the start of line ``number + 1``,
+    one at a time, by the rules of :func:`record_lines` (a cut last line is left out, any other
+    line that is not JSON is one ``ModelError``)."""
+    lines, first = read_lines(path, offset), offset == 0
+    for start, data, ended in lines:
+        number += 1
+        if not data.strip():
+            continue
+        text = data.decode("utf-8", errors="replace")
         try:
-            values.append((number, line, json.loads(line)))
+            value = json.loads(text)
         except (ValueError, RecursionError) as err:  # RecursionError: nested too deeply
-            if position == len(numbered) - 1:
-                return values
-            if not values and not any(is_json(rest) for _, rest in numbered[position + 1 :]):
+            rest = [later for _, later, _ in lines if later.strip()]
+            if not rest:
+                return  # the last line, cut by a crash
+            if first and not any(map(is_json, rest)):
                 raise ModelError(f"{path} is not a log the tuner wrote: none of its lines is a "
                                  "record; restore the file, or remove it to start its records "
                                  "anew") from err  # fmt: skip
             raise damaged(path, number, str(err)) from err
-    return values
+        first = False
+        yield Line(number, start, text, value, start + len(data) + 1 if ended else None)
 
 
 def is_json(line: str | bytes) -> bool:

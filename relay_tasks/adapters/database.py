@@ -18,7 +18,7 @@ import base64
 import json
 import struct
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -28,7 +28,8 @@ from tvm.ir import IRModule
 
 from ..errors import describe_failure
 from ..files import read_regular
-from .base import cause_lines, damaged, fastest, record_lines, record_values
+from .base import Line, Measurement, RecordFiles, cause_lines, damaged, record_lines
+from .index import SEED, best_records
 from .journal import locked, write_locked
 from .records import trace_problem
 
@@ -40,9 +41,7 @@ RECORDS = "database_tuning_record.json"
 ERRORS = "meta_schedule_errors.jsonl"
 #: When each record was measured, a line each in the records' order (a record has no time).
 TIMES = "meta_schedule_times.jsonl"
-#: Valid records of each task replayed into memory by default: the most any reader asks for
-#: (a tune's cost model learns from its 256 fastest at most; a search seeds from fewer).
-KEEP = 256
+FILES = RecordFiles(RECORDS, ERRORS, TIMES, WORKLOADS)
 
 
 def workload_key(mod: IRModule) -> str:
@@ -68,17 +67,21 @@ class Entry(NamedTuple):
     args_info: Any
 
 
-def read_records(work_dir: Path) -> tuple[list[str], list[Entry]]:
-    """The key of each workload line, and each record line whose trace passes
-    :func:`.records.trace_problem` (anything else is one ``ModelError`` naming file and line).
+def workload_keys(work_dir: Path) -> list[str]:
+    """The key of each workload line, by line (a record names its workload by index)."""
+    path = work_dir / WORKLOADS
+    return [_line_key(path, number, line) for number, line in record_lines(path)]
+
+
+def entries(work_dir: Path, lines: Iterable[Line]) -> Iterator[Entry]:
+    """Each record line of ``lines`` whose trace passes :func:`.records.trace_problem`
+    (anything else is one ``ModelError`` naming file and line).
 
     A record is ``[workload index, [trace, run_secs, target, args_info]]``; its target is never
     read (a work dir is tuned for one target).
     """
-    workloads, records = work_dir / WORKLOADS, work_dir / RECORDS
-    keys = [_line_key(workloads, number, line) for number, line in record_lines(workloads)]
-    entries = []
-    for number, _, value in record_values(records):
+    records, keys = work_dir / RECORDS, workload_keys(work_dir)
+    for number, _, _, value, _ in lines:
         try:
             index, (trace, run_secs, *rest) = value
             key = keys[index]
@@ -87,8 +90,26 @@ def read_records(work_dir: Path) -> tuple[list[str], list[Entry]]:
         problem = trace_problem(trace)
         if problem:
             raise damaged(records, number, problem)
-        entries.append(Entry(number, key, trace, run_secs, rest[1] if len(rest) > 1 else None))
-    return keys, entries
+        yield Entry(number, key, trace, run_secs, rest[1] if len(rest) > 1 else None)
+
+
+def read(work_dir: Path, lines: Iterable[Line]) -> Iterator[Measurement]:
+    """The measurement of each record line (:attr:`.base.Adapter.read`): MetaSchedule names no
+    failure, and keeps no time in a record (:func:`read_times` has them)."""
+    for entry in entries(work_dir, lines):
+        run_secs = entry.run_secs
+        try:
+            seconds = sum(run_secs) / len(run_secs) if run_secs else None
+        except (TypeError, ValueError, ZeroDivisionError) as err:
+            raise damaged(work_dir / RECORDS, entry.number, f"{type(err).__name__}: {err}") from err
+        failed = seconds is None or seconds >= 1e9  # MetaSchedule's mark of a failed run
+        yield Measurement(entry.key, None if failed else float(seconds), "")  # type: ignore[arg-type]
+
+
+def best_entries(work_dir: Path, keys: Iterable[str], keep: int) -> list[Entry]:
+    """The ``keep`` fastest valid records of each task of ``keys``, in the files' order."""
+    lines = [line for line, _ in best_records(read, FILES, work_dir, keys, keep)]
+    return list(entries(work_dir, lines))
 
 
 class WorkDatabase:
@@ -102,7 +123,7 @@ class WorkDatabase:
     records took a build from 17 to 80 s when every one was replayed).
     """
 
-    def __init__(self, work_dir: Path, modules: Sequence[IRModule], keep: int = KEEP) -> None:
+    def __init__(self, work_dir: Path, modules: Sequence[IRModule], keep: int = SEED) -> None:
         self.work_dir = work_dir
         self.memory = ms.database.MemoryDatabase()
         self.modules = {workload_key(m): m for m in modules}
@@ -110,10 +131,8 @@ class WorkDatabase:
         self.count = self.read_to = 0  # workload lines numbered, bytes of them read
         with locked(work_dir, shared=True):  # reading: a read-only work dir is fine
             self._number(self._filed_since())
-            _, entries = read_records(work_dir)
-        wanted = ((e.key, _seconds(e) if e.key in self.modules else None) for e in entries)
-        for position in fastest(wanted, keep):  # in the files' order
-            self._load(entries[position])
+        for entry in best_entries(work_dir, self.modules, keep):
+            self._load(entry)
 
     def _number(self, keys: Sequence[str]) -> None:
         """Workload lines ``count`` on: the first line of a key is the one records point at."""
@@ -147,12 +166,13 @@ class WorkDatabase:
         return record
 
     def adopt(self, source: Path) -> int:
-        """Copy the valid records of these modules from another work dir's database (each
-        checked as this one's are), leaving out those already here; returns how many."""
-        have = {_same(e) for e in read_records(self.work_dir)[1]}
+        """Copy the fastest valid records of these modules (:data:`.index.SEED` a task) from
+        another work dir's database (each checked as this one's are), leaving out those among
+        this one's fastest; returns how many."""
+        have = {_same(e) for e in best_entries(self.work_dir, self.modules, SEED)}
         copied = 0
-        for entry in read_records(source)[1]:
-            if entry.key in self.modules and _measured(entry) and _same(entry) not in have:
+        for entry in best_entries(source, self.modules, SEED):
+            if _same(entry) not in have:
                 self._file(self._load(entry, source), measured=False)
                 have.add(_same(entry))
                 copied += 1
@@ -203,20 +223,6 @@ def read_times(work_dir: Path, records: int) -> list[float | None]:
 def _same(entry: Entry) -> str:
     """What makes two records one measurement: task, schedule and run times."""
     return _dumps([entry.key, entry.trace, entry.run_secs])
-
-
-def _measured(entry: Entry) -> bool:
-    """A valid measurement: run times under MetaSchedule's failure mark (1e10 s)."""
-    return _seconds(entry) is not None
-
-
-def _seconds(entry: Entry) -> float | None:
-    """The mean of a valid measurement's run times, else None."""
-    try:
-        seconds = float(sum(entry.run_secs) / len(entry.run_secs)) if entry.run_secs else None
-    except (TypeError, ValueError):
-        return None
-    return seconds if seconds is not None and 0 < seconds < 1e9 else None
 
 
 def trace_json(trace: Any) -> Any:

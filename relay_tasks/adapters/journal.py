@@ -16,15 +16,14 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
-import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
 from ..errors import DamagedRecordWarning, TuningError, warn
 from ..files import read_regular, write_all
-from .base import Measurement, TunerTask, fastest, is_json, record_lines
+from .base import is_json
 
 #: The lock file, in the work dir.
 LOCK_FILE = ".lock"
@@ -70,50 +69,6 @@ def append(work_dir: Path, lines: Sequence[tuple[str, Sequence[str]]]) -> None:
     first (see :func:`set_aside_cut_line`), so the cut never glues onto a record."""
     with locked(work_dir):
         write_locked(work_dir, lines)
-
-
-def adopt_lines(
-    log: str,
-    read: Callable[[Path], list[Measurement]],
-    tasks: Sequence[TunerTask],
-    source: Path,
-    work_dir: Path,
-) -> int:
-    """Copy the valid records of ``tasks`` from another work dir's ``log`` (each checked by
-    ``read``, the adapter's reader, as this work dir's are), leaving out lines already here;
-    returns how many were copied."""
-    keys = {t.key for t in tasks}
-    measured = read(source)
-    lines = [line for _, line in record_lines(source / log)]  # read after: a prefix is measured
-    have = {line for _, line in record_lines(work_dir / log)}
-    new = [line for line, m in zip(lines, measured, strict=False)
-           if m.valid and m.key in keys and line not in have]  # fmt: skip
-    new = list(dict.fromkeys(new))
-    append(work_dir, [(log, new)])
-    return len(new)
-
-
-@contextmanager
-def records_of(
-    log: str,
-    read: Callable[[Path], list[Measurement]],
-    tasks: Sequence[TunerTask],
-    work_dir: Path,
-    keep: int,
-) -> Iterator[Path]:
-    """A temporary copy of ``log`` holding only the ``keep`` fastest valid records of each of
-    ``tasks`` (each checked by ``read``, the adapter's reader): what a build applies, where the
-    tuner's own dispatcher would read every record of the log (AutoTVM's and Ansor's decode
-    each line again)."""
-    keys = {t.key for t in tasks}
-    measured = read(work_dir)
-    lines = [line for _, line in record_lines(work_dir / log)]
-    wanted = ((m.key, m.seconds if m.valid and m.key in keys else None) for m in measured)
-    chosen = fastest(wanted, keep)
-    with tempfile.TemporaryDirectory(prefix="relay-tasks-records-") as folder:
-        path = Path(folder) / log
-        path.write_text("".join(lines[p] + "\n" for p in chosen))
-        yield path
 
 
 def write_locked(work_dir: Path, lines: Sequence[tuple[str, Sequence[str]]]) -> None:

@@ -39,27 +39,24 @@ from .base import (
     SESSION_MARGIN,
     Adapter,
     Measurement,
-    RecordFiles,
     Runner,
     Tuned,
     TunerTask,
-    damaged,
     failure_cause,
-    read_causes,
-    valid_for,
 )
 from .database import (
     ERRORS,
-    KEEP,
+    FILES,
     RECORDS,
     TIMES,
     WORKLOADS,
     WorkDatabase,
-    read_records,
+    read,
     read_times,
     workload_key,
 )
 from .functions import read_source, source_data
+from .index import SEED, Tally, filled, history, tally
 from .similar import STARTS, STARTS_EACH, Sizes, nearest, stem
 from .untuned import covered_by, untuned_as_without, variants_of, warn_unused
 from .verify import CANDIDATES, best_agreeing, results, runs_here
@@ -311,17 +308,19 @@ def tune(
     (:func:`_starts`).
     """
     register_intrinsics(target)
-    records = measurements(work_dir)
-    budget = trials - valid_for(tasks, records)
+    records = tally(read, work_dir, FILES)
+    keys = [t.key for t in tasks]
+    budget = trials - records.valid_for(keys)
     if budget <= 0:
         return
-    session = _Session(tasks, _with_num_cores(target), work_dir, runner)
+    full = filled(read, FILES, work_dir, keys, trials)
+    session = _Session(tasks, _with_num_cores(target), work_dir, runner, full)
     allocation = Allocation(tasks, records, defaults)
     warm = min(budget, max(0, WARMUP - session.learn(teachers())))
     if warm:
         session.phase(allocation, warm, _round(warm, WARM_BATCH), _replay, records)
-        records = measurements(work_dir)
-    left = trials - valid_for(tasks, records)
+        records = tally(read, work_dir, FILES)
+    left = trials - records.valid_for(keys)
     if left > 0:
         session.phase(allocation, left, _round(left, BATCH), _search, records)
 
@@ -350,7 +349,7 @@ WARMUP = 32
 #: population of 128), a round is what the allocation gives at once.
 WARM_BATCH, BATCH = 8, 32
 #: Most records of one task the cost model learns from at a tune's start (its fastest).
-LEARN_MOST = KEEP  # what the work dir's database replays of each task
+LEARN_MOST = SEED  # what the work dir's database replays of each task for a tune
 #: Fewest rounds a phase's budget is cut into, so that the allocation has rounds to give;
 #: but never rounds of fewer than MIN_ROUND where the budget has more (every round restarts
 #: the builder's processes: a second each).
@@ -363,12 +362,13 @@ def _round(budget: int, most: int) -> int:
 
 
 class _Session:
-    """What the phases of one tune share: loggers, seeds, the database and the cost model."""
+    """What the phases of one tune share: loggers, seeds, the database and the cost model, and
+    ``full()``, whether the work dir holds the tune's budget (:func:`.index.filled`)."""
 
-    def __init__(
-        self, tasks: Sequence[TunerTask], target: Target, work_dir: Path, runner: Runner
-    ) -> None:
+    def __init__(self, tasks: Sequence[TunerTask], target: Target, work_dir: Path,
+                 runner: Runner, full: Callable[[], bool]) -> None:  # fmt: skip
         self.tasks, self.target, self.work_dir, self.runner = tasks, target, work_dir, runner
+        self.full = full
         self.loggers = ms.logging.get_loggers_from_work_dir(
             str(work_dir), [_file_part(t.name) for t in tasks]
         )
@@ -428,13 +428,13 @@ class _Session:
         limit: int,
         batch: int,
         strategy: Callable[[int], Any],
-        records: Sequence[Measurement],
+        records: Tally,
     ) -> None:
         """Rounds of ``batch`` candidates, ``strategy(expected measurements)`` searching each
         task, until ``limit`` candidates were measured (the last round may pass it); the first
         round of a task with no ``records`` (the work dir's, read at its start) measures the
         schedules :func:`_starts` finds it."""
-        measured = {m.key for m in records}
+        measured = records.measured()
         starts = _starts([t for t in self.tasks if t.key not in measured], self.tutors)
         contexts = [
             ms.TuneContext(
@@ -453,7 +453,7 @@ class _Session:
                 self.tasks, self.loggers, self.seeds, allocation.expected(limit), strict=True
             )
         ]
-        scheduler = _ByShare(allocation)
+        scheduler = _ByShare(allocation, self.full)
         ms.tune_tasks(
             tasks=contexts,
             task_weights=[float(t.weight) for t in self.tasks],
@@ -602,9 +602,9 @@ class _ByShare(ms.task_scheduler.PyTaskScheduler):  # type: ignore[misc]  # prag
     """MetaSchedule's task scheduler with :class:`.allocation.Allocation` choosing the rounds:
     no warm-up round of every task, the latency known before tuning counted from the start."""
 
-    def __init__(self, allocation: Allocation) -> None:
+    def __init__(self, allocation: Allocation, full: Callable[[], bool]) -> None:
         super().__init__()
-        self.allocation = allocation
+        self.allocation, self.full = allocation, full
         self.last: int | None = None
 
     def next_task_id(self) -> int:
@@ -617,7 +617,7 @@ class _ByShare(ms.task_scheduler.PyTaskScheduler):  # type: ignore[misc]  # prag
             ms.task_scheduler.TaskScheduler.touch_task(scheduler, index)
             if not record.is_terminated:
                 alive.append(index)
-        self.last = self.allocation.pick(alive)
+        self.last = None if self.full() else self.allocation.pick(alive)
         return -1 if self.last is None else self.last
 
 
@@ -714,24 +714,14 @@ def _seconds(result: Any) -> float | None:
 
 def measurements(work_dir: Path) -> list[Measurement]:
     """The JSON database's records in commit order (its API sorts them by latency), each under
-    its workload's structural hash, this adapter's task key; every trace checked (see
-    :func:`.database.read_records`) before anything lets MetaSchedule read the database."""
+    its workload's structural hash, this adapter's task key, with the time it was measured;
+    every trace checked (see :func:`.database.entries`) before anything lets MetaSchedule read
+    the database."""
     if not (work_dir / RECORDS).exists():
         return []
-    errors = read_causes(work_dir / ERRORS)
-    entries = read_records(work_dir)[1]
-    times = read_times(work_dir, len(entries))
-    result = []
-    for entry, at in zip(entries, times, strict=True):
-        run_secs = entry.run_secs
-        try:
-            seconds = sum(run_secs) / len(run_secs) if run_secs else None
-        except (TypeError, ValueError, ZeroDivisionError) as err:
-            raise damaged(work_dir / RECORDS, entry.number, f"{type(err).__name__}: {err}") from err
-        failed = seconds is None or seconds >= 1e9  # MetaSchedule's mark of a failed run
-        error = next(errors) if failed else ""
-        result.append(Measurement(entry.key, None if failed else seconds, error, at))
-    return result
+    records = history(read, work_dir, FILES)
+    times = read_times(work_dir, len(records))
+    return [replace(m, at=at) for m, at in zip(records, times, strict=True)]
 
 
 def flops(task: ms.ExtractedTask) -> float:
@@ -890,7 +880,7 @@ def similar(tasks: Sequence[TunerTask], tuned: Callable[[], Sequence[Tuned]]) ->
     others = tuned()
     valid: dict[Path, set[str]] = {}
     for where in {t.work_dir for t in others}:
-        valid[where] = {m.key for m in measurements(where) if m.valid}
+        valid[where] = {k for k, t in tally(read, where, FILES).tasks.items() if t.valid}
     stems = {stem(t.task.native.task_name) for t in others if t.task.key in valid[t.work_dir]}
     return sum(stem(t.native.task_name) in stems for t in tasks)
 
@@ -909,5 +899,6 @@ ADAPTER = Adapter(
     LOGS,
     adopt=adopt,
     similar=similar,
-    files=RecordFiles(RECORDS, ERRORS, TIMES),
+    files=FILES,
+    read=read,
 )

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..adapters import Adapter, TunerTask, get_adapter
+from ..adapters.index import tally_in
 from ..adapters.journal import open_appending
 from ..adapters.verify import runs_here, seeded_values
 from ..errors import ModelError, TuningError, UsageError, describe_failure
@@ -68,7 +69,7 @@ def plan(mod: Any, params: Any, work_dir: str | Path) -> Plan:
     tuned = tuned_for(work_dir)
     adapter = get_adapter(tuned.tuner)
     tasks = adapter.extract(mod, tuned.target, params)
-    now = standing(tasks, adapter.measurements(Path(work_dir)), read_defaults(Path(work_dir)))
+    now = standing(tasks, tally_in(adapter, Path(work_dir)), read_defaults(Path(work_dir)))
     adapter.check(tasks, Path(work_dir))
     built = {r.task.alternatives_of for r in now.chosen}  # where a record beats the default
     if runs_here(tuned.target):

@@ -38,7 +38,7 @@ MARKER = ".prune"
 #: What a pruned file is called until it is renamed over the old one.
 NEW_SUFFIX = ".pruned"
 #: The only names a marker may hold: the record files of the tuners (a marker is data).
-KNOWN = frozenset(name for a in ADAPTERS.values() if a.files for name in a.files if name)
+KNOWN = frozenset(name for a in ADAPTERS.values() for name in a.files.matched)
 
 
 @dataclass(frozen=True)
@@ -109,7 +109,7 @@ def _record_files(adapter: Adapter, keep: int, doing: str) -> RecordFiles:
     """The adapter's record files, once ``keep`` is a count of records a task."""
     if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
         raise UsageError(f"--keep must be a whole number of at least 1, got {keep!r}")
-    if adapter.files is None:
+    if not adapter.files.records:
         raise UsageError(f"{adapter.name} keeps no records relay-tasks can {doing}")
     return adapter.files
 
@@ -137,7 +137,7 @@ def export_best(adapter: Adapter, folder: Path, output: Path, keep: int = 1) -> 
     with locked(folder, shared=True):
         measured = adapter.measurements(folder)
         lines = [line for _, line in record_lines(folder / files.records)]
-        workloads = [name for name in adapter.logs if name not in files]
+        workloads = [name for name in adapter.logs if name not in files.matched]
         copied = {name: read_regular(folder / name) or b"" for name in workloads}
     chosen = [lines[i] for i in kept(measured, keep, failures=False)]
     data = "".join(line + "\n" for line in chosen).encode()

@@ -7,11 +7,11 @@ after that (progress, summaries, coverage, the latency estimate) is tuner-neutra
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ..adapters.base import Measurement, TunerTask
+from ..adapters.index import Records, as_tally
 
 
 @dataclass(frozen=True)
@@ -89,28 +89,24 @@ class Standing:
 
 def standing(
     tasks: Sequence[TunerTask],
-    measurements: Sequence[Measurement],
+    records: Records,
     defaults: Mapping[str, float] | None = None,
 ) -> Standing:
-    """Group measurements by task key; ``defaults`` are the latencies of the default schedules
-    (by ``alternatives_of``), where measured."""
+    """Each task's standing in ``records``; ``defaults`` are the latencies of the default
+    schedules (by ``alternatives_of``), where measured."""
     defaults = defaults or {}
-    by_key: dict[str, list[Measurement]] = {}
-    for m in measurements:
-        by_key.setdefault(m.key, []).append(m)
+    summed = as_tally(records)
     rows = []
     for task in tasks:
-        mine = by_key.get(task.key, [])
-        good = [m.seconds for m in mine if m.valid]
-        errors = [m.error for m in mine if not m.valid and m.error]
+        mine = summed.of(task.key)
         rows.append(
             TaskRecord(
                 task,
-                valid=len(good),
-                failed=len(mine) - len(good),
-                best=min(good) if good else None,  # type: ignore[type-var]
-                first_error=errors[0] if errors else "",
-                causes=tuple(Counter(errors).most_common()),
+                valid=mine.valid,
+                failed=mine.failed,
+                best=mine.best[0][0] if mine.best else None,
+                first_error=mine.first_error,
+                causes=tuple(mine.causes.most_common()),
                 default=defaults.get(task.alternatives_of),
             )
         )

@@ -23,13 +23,13 @@ def format_status(now: Standing, flops: Sequence[float]) -> str:
     several = len({m for r in now.tasks for m in r.task.models}) > 1
     defaults = any(r.default is not None for r in now.tasks)
     rows = [header + (["default ms"] if defaults else []) + (["models"] if several else [])]
-    total, chosen = now.latency, {id(r) for r in now.chosen}
+    total = now.latency
     for index, (record, flop) in enumerate(zip(now.tasks, flops, strict=True)):
         best, default = record.best, record.default
         share = f"{record.task.weight * best / total:.1%}" if total and best else ""
-        if share and id(record) not in chosen:
-            # the default schedule, or a faster alternative of the function, is what is built
-            share = "(default)" if default is not None and default <= best else "(alt.)"  # type: ignore[operator]
+        built = _built(now, record)
+        if share and built != "records":
+            share = "(default)" if built == "default" else "(alt.)"
         row = [str(index), record.task.name, str(record.task.weight), f"{flop / 1e9:.4g}",
                str(record.trials), str(record.valid), str(record.failed),
                f"{best * 1e3:.4g}" if best is not None else "-", share]  # fmt: skip
@@ -42,20 +42,28 @@ def format_status(now: Standing, flops: Sequence[float]) -> str:
     return "\n".join(lines)
 
 
+def _built(now: Standing, record: TaskRecord) -> str | None:
+    """What a build runs for a measured task: its ``"records"``; an ``"alternative"`` of its
+    function whose records are faster; or the ``"default"`` schedule, faster than every
+    alternative's records (the rule the plot's bars follow). None when it has no valid one."""
+    if record.best is None:
+        return None
+    chosen = now.chosen
+    if any(r is record for r in chosen):
+        return "records"
+    group = record.task.alternatives_of
+    return "alternative" if any(r.task.alternatives_of == group for r in chosen) else "default"
+
+
 def status_document(now: Standing, flops: Sequence[float]) -> dict[str, Any]:
     """What :func:`format_status` shows, as JSON values for scripts: per task its numbers (times
     in milliseconds, None where not measured), which schedule a build takes for it (``"records"``,
     ``"default"``, ``"alternative"``, or None when nothing is measured), and every failure cause
     with its count; then the totals and the estimate."""
-    chosen = {id(r) for r in now.chosen}
     tasks = []
     for index, (record, flop) in enumerate(zip(now.tasks, flops, strict=True)):
         best, default = record.best, record.default
-        built = None
-        if best is not None:
-            faster_default = default is not None and default <= best
-            built = "records" if id(record) in chosen else (
-                "default" if faster_default else "alternative")  # fmt: skip
+        built = _built(now, record)
         tasks.append({
             "index": index, "name": record.task.name, "key": record.task.key,
             "weight": record.task.weight, "gflop": flop / 1e9, "trials": record.trials,

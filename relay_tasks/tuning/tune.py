@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from ..adapters import ADAPTERS, Adapter, TunerTask, get_adapter
-from ..adapters.base import Measurement, Runner, Tuned, merge_equal
+from ..adapters.base import Runner, Tuned, merge_equal
+from ..adapters.index import Records, Tally, as_tally, tally_in
 from ..adapters.journal import locked, open_appending, set_aside_cut_line
 from ..errors import ModelError, TuningError, TuningInterrupted, UsageError
 from ..export import TaskFile, dumps, load_tasks, tasks_document
@@ -131,7 +132,7 @@ def tune(
             file_tasks(folder, document)
         every = tasks
         tasks, reused = _reused(adapter, tgt, every, folder, reuse)
-        records = adapter.measurements(folder)  # each record checked on its own, then
+        records = tally_in(adapter, folder)  # each record checked on its own, then
         adapter.check(every, folder)  # against the tasks it would be applied to
         reused += _similar(adapter, tasks, records, reuse)
         before = standing(tasks, records)
@@ -155,7 +156,7 @@ def tune(
         display.deadline = deadline
         stopped = _run_worker(adapter, tasks, folder, trials, runner, document, display, reuse,
                               deadline)  # fmt: skip
-        after = standing(tasks, adapter.measurements(folder))
+        after = standing(tasks, tally_in(adapter, folder))
         if stopped == TIME_UP:
             display.say(f"relay-tasks: the time budget ({_duration(time_budget or 0)}) is spent; "
                         f"{after.valid - before.valid} new valid measurements")  # fmt: skip
@@ -172,7 +173,7 @@ def tune(
                 f"all {new_failed} measurements failed; the first: "
                 f"{after.first_error or 'unknown'} (details in {folder / LOG_FILE})"
             )
-        return standing(every, adapter.measurements(folder), read_defaults(folder))
+        return standing(every, tally_in(adapter, folder), read_defaults(folder))
 
 
 def _reused(
@@ -198,7 +199,7 @@ def _reused(
                              f"this tune is {adapter.name} for '{target}'; records are reused "
                              "between work dirs of one tuner and target")  # fmt: skip
         copied += adapter.adopt(tasks, source, folder)
-        done |= {r.task.key for r in standing(tasks, adapter.measurements(source)).tasks
+        done |= {r.task.key for r in standing(tasks, tally_in(adapter, source)).tasks
                  if r.valid}  # fmt: skip
     left = [t for t in tasks if t.key not in done]
     said = []
@@ -211,13 +212,13 @@ def _reused(
 def _similar(
     adapter: Adapter,
     tasks: Sequence[TunerTask],
-    records: Sequence[Measurement],
+    records: Tally,
     sources: Sequence[str | Path],
 ) -> list[str]:
     """How many of ``tasks`` start from the schedules of similar tasks tuned in the work dirs
     ``sources``, in words; a task with ``records`` of its own (a tune resumed) goes on from
     them instead."""
-    measured = {m.key for m in records}
+    measured = records.measured()
     fresh = [t for t in tasks if t.key not in measured]
     # The sources' tasks are read only by a tuner that starts from similar tasks.
     similar = adapter.similar(fresh, partial(tuned_in, sources)) if fresh and sources else 0
@@ -437,7 +438,7 @@ def _run_worker(
     if up:
         return TIME_UP
     if watch.problem is not None:
-        kept = standing(tasks, adapter.measurements(folder)).valid
+        kept = standing(tasks, tally_in(adapter, folder)).valid
         raise TuningError(f"{watch.problem} for {watch.grace:.0f} s, so the tune stopped; {kept} "
                           f"valid measurements are kept in {folder}: start a server (relay-tasks "
                           "serve) and run the same command to resume")  # fmt: skip
@@ -448,7 +449,7 @@ def _run_worker(
                               "space, then run the same command to resume (what was measured is "
                               "kept)")  # fmt: skip
         if child.returncode < 0:  # no last word: a signal from outside (the OOM killer, kill)
-            kept = standing(tasks, adapter.measurements(folder)).valid
+            kept = standing(tasks, tally_in(adapter, folder)).valid
             raise TuningError(
                 f"the tuner's process (pid {child.pid}) was killed by "
                 f"{_signal_name(-child.returncode)}; {kept} valid measurements are kept in "
@@ -625,7 +626,7 @@ class _Progress:
         while not self.done.wait(max(PROGRESS_POLL, self.took)):
             started = time.monotonic()
             try:
-                records = self.adapter.measurements(self.folder)
+                records = tally_in(self.adapter, self.folder)
                 defaults = read_defaults(self.folder)
             except Exception:  # a log being written can be read half-way; try again later
                 continue
@@ -670,7 +671,7 @@ PROGRESS_POLL = 1.0
 
 def progress_line(
     tasks: Sequence[TunerTask],
-    records: Sequence[Any],
+    records: Records,
     trials: int | None,
     *,
     since: int = 0,
@@ -684,9 +685,10 @@ def progress_line(
     the budget: the line then says how far, instead of showing more than all of it. The time
     left is the pace so far carried on to the budget, or the ``time_budget``'s rest if sooner.
     The model's estimate takes each task's default schedule until it has a faster record."""
-    now = standing(tasks, records, defaults)
+    summed = as_tally(records)
+    now = standing(tasks, summed, defaults)
     keys = [t.key for t in tasks]
-    current = next((keys.index(m.key) for m in reversed(records) if m.key in keys), 0)
+    current = keys.index(summed.last) if summed.last in keys else 0
     alternatives = len({t.alternatives_of for t in tasks})
     if defaults_missing and now.valid == since:
         parts = [f"measuring the default schedules: {alternatives - defaults_missing}"

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from ..adapters import Adapter, TunerTask, get_adapter
-from ..adapters.base import Runner, Tuned, valid_for
+from ..adapters.base import Runner, Tuned
+from ..adapters.index import tally_in
 from ..errors import describe_failure
 from ..export import load_tasks
 from .defaults import measure_defaults, read_defaults
@@ -119,7 +120,7 @@ def watch_parent(parent: int) -> None:
 
 
 def _valid(adapter: Adapter, tasks: list[TunerTask], folder: Path) -> int:
-    return valid_for(tasks, adapter.measurements(folder))
+    return tally_in(adapter, folder).valid_for(t.key for t in tasks)
 
 
 if __name__ == "__main__":

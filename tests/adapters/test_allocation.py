@@ -150,7 +150,7 @@ def test_ansors_scheduler_counts_a_default_as_a_tasks_first_round(tmp_path) -> N
     mod, params = load("dense_softmax")
     tasks = get_adapter("ansor").extract(mod, relay_tasks.host_target(), params)
     scheduler = _FromDefaults([t.native for t in tasks], [t.weight for t in tasks],
-                              [None, 0.002, 0.5], (), _Tutors(), None, tmp_path)  # fmt: skip
+                              [None, 0.002, 0.5], (), _Tutors(), None, tmp_path, lambda: False)  # fmt: skip
     assert scheduler.task_cts == [0, 1, 1]
     assert scheduler.best_costs[1:].tolist() == [0.002, 0.5]
     assert scheduler.task_costs_history == [[], [0.002], [0.5]]
@@ -175,7 +175,7 @@ def test_ansors_scheduler_leaves_a_task_whose_measurements_all_fail(monkeypatch,
     mod, params = load("dense_softmax")
     tasks = get_adapter("ansor").extract(mod, relay_tasks.host_target(), params)
     scheduler = _FromDefaults([t.native for t in tasks], [t.weight for t in tasks],
-                              [0.5, 0.002, 0.5], (), _Tutors(), None, tmp_path)  # fmt: skip
+                              [0.5, 0.002, 0.5], (), _Tutors(), None, tmp_path, lambda: False)  # fmt: skip
     monkeypatch.setattr(auto_scheduler.TaskScheduler, "_tune_task", lambda self, index: None)
 
     def batch(index: int, error_nos: list[int]) -> None:
@@ -195,5 +195,5 @@ def test_ansors_scheduler_leaves_a_task_whose_measurements_all_fail(monkeypatch,
     assert scheduler.dead_tasks == {0}
     failures = [Measurement(tasks[0].key, None, "INSTANTIATION_ERROR: x")] * FAILED_MEASUREMENTS
     again = _FromDefaults([t.native for t in tasks], [t.weight for t in tasks], [0.5, 0.002, 0.5],
-                          failures, _Tutors(), None, tmp_path)  # fmt: skip
+                          failures, _Tutors(), None, tmp_path, lambda: False)  # fmt: skip
     assert again.dead_tasks == {0}  # a later pass does not try it again

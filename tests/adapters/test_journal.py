@@ -64,22 +64,3 @@ def test_the_lock_is_never_followed_out_of_the_work_dir(tmp_path) -> None:
     with pytest.raises(TuningError, match="is a symbolic link; remove it"):
         append(work, [("log", ["{}"])])
     assert elsewhere.read_text() == "keep" and not (work / "log").exists()
-
-
-def test_a_build_reads_only_the_fastest_valid_records_of_its_tasks(tmp_path) -> None:
-    """What a build decodes again (AutoTVM and Ansor parse every line they are given): per
-    task of the build, its ``keep`` fastest valid records, in the log's order; no failure, no
-    record of another model's task."""
-    from relay_tasks.adapters.base import Measurement, TunerTask
-    from relay_tasks.adapters.journal import records_of
-
-    rows = [("a", 3e-3), ("b", 1e-3), ("a", None), ("a", 1e-3), ("c", 1e-4), ("a", 2e-3),
-            ("a", 1e-3)]  # fmt: skip
-    (tmp_path / "log").write_text("".join(json.dumps({"row": i}) + "\n" for i in range(len(rows))))
-    measured = [
-        Measurement(key, seconds, "" if seconds else "RUN_TIMEOUT") for key, seconds in rows
-    ]
-    tasks = [TunerTask(name, 1, "op", name, None) for name in ("a", "b")]
-    with records_of("log", lambda _: measured, tasks, tmp_path, keep=2) as log:
-        kept = [json.loads(line)["row"] for line in log.read_text().splitlines()]
-    assert kept == [1, 3, 6]  # a's two at 1 ms (the earlier first), b's one; c is not the build's

@@ -15,7 +15,7 @@ from relay_tasks.host import check_runs_here, missing_features
 from relay_tasks.inputs import as_target
 from relay_tasks.tuning import device
 
-from tuned_models import tune_argv
+from tuned_models import TUNERS, tune_argv
 from zoo import HOST
 
 #: Targets each selecting an instruction set that some x86 CPUs lack: AMX is Intel's (Sapphire
@@ -217,18 +217,14 @@ def test_devices_missing_for_less_than_the_grace_stop_nothing(monkeypatch) -> No
     assert watch.problem is None
 
 
-@pytest.mark.parametrize(
-    "tuner",
-    # Ansor's RPCRunner first checks the device in a session of its own, which a server
-    # stopped before the tune holds up (a stop mid-tune was checked by hand: bench notes).
-    ["meta_schedule"],
-)
+@pytest.mark.parametrize("tuner", TUNERS)
 def test_a_server_that_stops_answering_fails_one_measurement_not_the_tune(tuner, tiny, tmp_path):
     """Two servers under one key, the first registered stopped (SIGSTOP: still registered, a
     connection accepted, never an answer): the session the tracker gives it fails after the
     measurement timeout plus a margin, and the tune goes on with the other server.
-    MetaSchedule's RPC runner made its pool without a timeout: the tune waited on the stopped
-    server for ever."""
+    MetaSchedule's and Ansor's RPC runners made their pools without a timeout, and Ansor's
+    first asked for a device in a session without one: the tune waited on the stopped server
+    for ever."""
     import os
     import signal
     import subprocess

@@ -58,7 +58,7 @@ def test_prune_keeps_the_best_of_each_task_and_a_failure_of_each_cause(
     _with_failures(work, tuner, ["device lost", "device lost", "out of memory"])
     adapter = get_adapter(tuner)
     before = adapter.measurements(work)
-    size = sum(os.path.getsize(work / name) for name in adapter.files if name)
+    size = sum(os.path.getsize(work / name) for name in adapter.files.matched)
     assert main(["prune", "--work-dir", str(work), "--keep", "1"]) == 0
     after = adapter.measurements(work)
     expected = {key: (valid[:1], list(dict.fromkeys(failed)))
@@ -67,7 +67,7 @@ def test_prune_keeps_the_best_of_each_task_and_a_failure_of_each_cause(
     # Each kept record keeps its time and its place in the order.
     rest = iter(before)
     assert all(any(m == earlier for earlier in rest) for m in after)
-    new_size = sum(os.path.getsize(work / name) for name in adapter.files if name)
+    new_size = sum(os.path.getsize(work / name) for name in adapter.files.matched)
     assert capsys.readouterr().out == (
         f"pruned {work}: kept {len(after)} of {len(before)} records ({len(before) - len(after)} "
         f"dropped, {size - new_size:,} of {size:,} bytes freed)\n"
@@ -103,14 +103,14 @@ def test_a_prune_cut_short_is_finished_or_undone_by_the_next_command(
     monkeypatch.undo()
     assert (crashed / pruning.MARKER).exists() and len(renamed) == 1
     assert main(["status", "--work-dir", str(crashed)]) == 0  # finishes the prune first
-    for name in adapter.files:
+    for name in adapter.files.matched:
         assert (crashed / name).read_bytes() == (clean / name).read_bytes(), name
     assert not (crashed / pruning.MARKER).exists()
 
     untouched = tmp_path / "untouched"
     shutil.copytree(tuned["meta_schedule"], untouched)
     _with_failures(untouched, "meta_schedule", ["a"])
-    old = {name: (untouched / name).read_bytes() for name in adapter.files}
+    old = {name: (untouched / name).read_bytes() for name in adapter.files.matched}
 
     def crash_before_marker(folder, names) -> None:
         raise KeyboardInterrupt
@@ -121,7 +121,7 @@ def test_a_prune_cut_short_is_finished_or_undone_by_the_next_command(
     monkeypatch.undo()
     assert list(untouched.glob("*" + pruning.NEW_SUFFIX))
     assert main(["status", "--work-dir", str(untouched)]) == 0
-    assert {name: (untouched / name).read_bytes() for name in adapter.files} == old
+    assert {name: (untouched / name).read_bytes() for name in adapter.files.matched} == old
     assert not list(untouched.glob("*" + pruning.NEW_SUFFIX))
 
 
