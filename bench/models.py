@@ -171,12 +171,12 @@ def _t5() -> tuple[Any, Any]:
     return transformers.T5EncoderModel(config), _tokens()
 
 
-def _llama() -> tuple[Any, Any]:
-    """A 4-layer Llama decoder: rotary tables (cos, sin), a causal mask (trilu)."""
+def _llama(layers: int = 4) -> tuple[Any, Any]:
+    """A Llama decoder (4 layers unless told): rotary tables (cos, sin), a causal mask (trilu)."""
     import transformers
 
     config = transformers.LlamaConfig(
-        num_hidden_layers=4, hidden_size=512, intermediate_size=1376, num_attention_heads=8,
+        num_hidden_layers=layers, hidden_size=512, intermediate_size=1376, num_attention_heads=8,
         num_key_value_heads=8, vocab_size=32000, torchscript=True,
     )  # fmt: skip
     return transformers.LlamaModel(config), _tokens()
