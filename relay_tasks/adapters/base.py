@@ -217,13 +217,7 @@ def record_lines(path: Path) -> list[tuple[int, str]]:
     that is not JSON anywhere else is damage no crash makes: one ``ModelError`` naming the file
     and the line.
     """
-    return [(number, line) for number, line, _ in record_values(path)]
-
-
-def record_values(path: Path) -> list[tuple[int, str, Any]]:
-    """:func:`record_lines` with each line's JSON value: a reader that needs the value takes it
-    from here instead of parsing the line a second time (a MetaSchedule record is kilobytes)."""
-    return [(line.number, line.text, line.value) for line in scan(path)]
+    return [(line.number, line.text) for line in scan(path)]
 
 
 def scan(path: Path, offset: int = 0, number: int = 0) -> Iterator[Line]:
@@ -286,14 +280,3 @@ def cause_lines(causes: Sequence[str]) -> list[str]:
     the order the tuner logs the failures: no tuner keeps them with its records (a failure is
     1e9 or 1e10 s). They are appended with their records (:func:`.journal.append`)."""
     return [json.dumps({"error": cause}) for cause in causes]
-
-
-def read_causes(path: Path) -> Iterator[str]:
-    """The causes :func:`cause_lines` kept, in order, then ``"unknown error"`` for ever (for
-    failures logged before their causes were)."""
-    for _, line in record_lines(path):
-        record = json.loads(line)
-        cause = record.get("error") if isinstance(record, dict) else None
-        yield cause if isinstance(cause, str) else "unknown error"
-    while True:
-        yield "unknown error"

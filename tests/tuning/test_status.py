@@ -232,16 +232,16 @@ def test_autotvm_keeps_each_failures_cause_in_order(tuned, tmp_path) -> None:
     from tvm.autotvm.record import decode
 
     from relay_tasks.adapters import autotvm
-    from relay_tasks.adapters.base import read_causes
+    from relay_tasks.adapters.index import _causes
 
     inp, _ = decode((tuned["autotvm"] / "autotvm.log").read_text().splitlines()[0])
     # As AutoTVM's LocalBuilder reports a build timeout: an exception with no message.
     failed = MeasureResult(("Traceback ...", TimeoutError()), 6, 10.0, 0)
     fine = MeasureResult((1e-5,), 0, 0.1, 0)
     autotvm._keep(tmp_path)(None, [inp] * 3, [fine, failed, fine])
-    causes = read_causes(tmp_path / autotvm.ERRORS_FILE)
-    assert next(causes) == "TimeoutError"
-    assert next(causes) == "unknown error"  # past the causes kept
+    causes = _causes(tmp_path / autotvm.ERRORS_FILE)
+    assert next(causes)[0] == "TimeoutError"
+    assert next(causes)[0] == "unknown error"  # past the causes kept
     measured = autotvm.measurements(tmp_path)
     assert [m.error for m in measured] == ["", "BUILD_TIMEOUT: TimeoutError", ""]
     # An empty cause, as tune kept for timeouts before, reads as the error alone.
