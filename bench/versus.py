@@ -243,7 +243,7 @@ def _plot(path: Path, results: dict[str, dict[str, Any]]) -> None:
     figure.savefig(path)
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
     parser.add_argument("--minutes", nargs="+", type=float, default=[10, 30, 60])
@@ -251,7 +251,11 @@ def main() -> None:
                         choices=["meta_schedule", "autotvm", "ansor"])  # fmt: skip
     parser.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "versus-bench")
     parser.add_argument("--plot", type=Path)
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("TOPHUB_LOCATION", "NONE")
     results = {}

@@ -45,7 +45,9 @@ def test_the_docs_bench_commands_are_the_bench_s_options() -> None:
     repo = Path(__file__).resolve().parent.parent
     sys.path.insert(0, str(repo / "bench"))
     try:
-        bench, tuning = (_module(repo / "bench" / f"{name}.py") for name in ("extract", "tune"))
+        bench, tuning, versus = (
+            _module(repo / "bench" / f"{name}.py") for name in ("extract", "tune", "versus")
+        )
         from models import BENCH_MODELS
     finally:
         sys.path.remove(str(repo / "bench"))
@@ -62,6 +64,9 @@ def test_the_docs_bench_commands_are_the_bench_s_options() -> None:
         words = shlex.split(command, comments=True)
         if words[:1] == ["--tune"]:  # bench/tune.py: its parser checks its models
             tuning.build_parser().parse_args(words[1:])
+            continue
+        if words[:1] == ["--versus"]:  # bench/versus.py: likewise
+            versus.build_parser().parse_args(words[1:])
             continue
         args = bench.build_parser().parse_args(words)
         for model in args.models or bench.DEFAULT_MODELS:
