@@ -137,9 +137,11 @@ def history(read: Reader, work_dir: Path, files: RecordFiles) -> list[Measuremen
 def _with_cause(m: Measurement, causes: Iterator[tuple[str, int]]) -> Measurement:
     """A failure with the next cause joined to its error's name (causes are kept a line a
     failure, in the order of the failures)."""
-    if m.seconds is not None:
-        return m
-    cause = next(causes)[0]
+    return m if m.seconds is not None else _joined(m, next(causes)[0])
+
+
+def _joined(m: Measurement, cause: str) -> Measurement:
+    """A failure with its kept cause joined to the tuner's name for it (if it names one)."""
     return Measurement(m.key, None, failure(m.error, cause) if m.error else cause, m.at)
 
 
@@ -168,9 +170,9 @@ def tally(read: Reader, work_dir: Path, files: RecordFiles) -> Tally:
         state = index or _State.empty()
         grown = state.extend(read, work_dir, files)
         if grown or index is None:
-            state.sizes = {n: _size(work_dir / n) for n in guards}
-            state.sizes |= {files.records: state.covered, files.causes: state.causes_at}
-            _save(work_dir, _index_name(files), state)
+            sizes = {n: _size(work_dir / n) for n in guards}
+            sizes |= {files.records: state.covered, files.causes: state.causes_at}
+            _save(work_dir, _index_name(files), state, sizes)
     return state.tally
 
 
@@ -209,18 +211,17 @@ def _index_name(files: RecordFiles) -> str:
 
 @dataclass
 class _State:
-    """What the index holds: the tally, how far it covers the records (bytes, lines) and the
-    causes (bytes), and the covered size of each file it names."""
+    """What the index holds: the tally, and how far it covers the records (bytes, lines) and
+    the causes (bytes)."""
 
     tally: Tally
     covered: int
     lines: int
     causes_at: int
-    sizes: dict[str, int]
 
     @classmethod
     def empty(cls) -> _State:
-        return cls(Tally(), 0, 0, 0, {})
+        return cls(Tally(), 0, 0, 0)
 
     def extend(self, read: Reader, work_dir: Path, files: RecordFiles) -> bool:
         """Add the whole record lines past what is covered, :data:`BATCH` at a time (memory
@@ -233,7 +234,7 @@ class _State:
             for line, m in zip(whole, read(work_dir, whole), strict=True):
                 if m.seconds is None:
                     cause, self.causes_at = next(causes)
-                    m = Measurement(m.key, None, failure(m.error, cause) if m.error else cause)
+                    m = _joined(m, cause)
                 self.tally.add(m, line.number, line.offset)
             if whole:
                 grown = True
@@ -272,15 +273,15 @@ def _digest(path: Path, size: int) -> str:
         os.close(fd)
 
 
-def _save(work_dir: Path, name: str, state: _State) -> None:
-    """Write the index by rename (a reader sees the old one or the new one whole); a work dir
-    this process cannot write keeps none."""
+def _save(work_dir: Path, name: str, state: _State, sizes: dict[str, int]) -> None:
+    """Write the index, with the covered ``sizes`` of its files, by rename (a reader sees the
+    old one or the new one whole); a work dir this process cannot write keeps none."""
     document = {
         "format": FORMAT,
         "covered": state.covered,
         "lines": state.lines,
         "causes_at": state.causes_at,
-        "files": {n: [s, _digest(work_dir / n, s)] for n, s in state.sizes.items()},
+        "files": {n: [s, _digest(work_dir / n, s)] for n, s in sizes.items()},
         "tasks": {
             key: [t.valid, t.failed, t.first_error, sorted(t.causes.items()), t.best]
             for key, t in state.tally.tasks.items()
@@ -335,7 +336,7 @@ def _checked(document: Any, work_dir: Path, names: Sequence[str]) -> _State | No
             return None
         tally.tasks[str(key)] = TaskTally(int(valid), int(failed), counts, first, ranked)
     covered, lines, causes_at = numbers
-    return _State(tally, covered, lines, causes_at, {n: s for n, (s, _) in files.items()})
+    return _State(tally, covered, lines, causes_at)
 
 
 def tally_in(adapter: Adapter, work_dir: Path) -> Tally:
