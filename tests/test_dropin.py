@@ -273,7 +273,7 @@ def test_a_meta_schedule_tuning_script_runs_unchanged(reference, tmp_path) -> No
 
 
 def _computes_its_task(record: Any, target: Any) -> bool:
-    from relay_tasks.adapters.meta_schedule import _scheduled
+    from relay_tasks.adapters.meta_schedule.library import _scheduled
     from relay_tasks.adapters.verify import same_results
 
     return same_results(record.workload.mod, _scheduled(record), target)

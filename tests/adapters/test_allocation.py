@@ -145,7 +145,7 @@ def test_ansors_scheduler_counts_a_default_as_a_tasks_first_round(tmp_path) -> N
 
     import relay_tasks
     from relay_tasks.adapters import get_adapter
-    from relay_tasks.adapters.ansor import _FromDefaults, _Tutors
+    from relay_tasks.adapters.ansor.session import _FromDefaults, _Tutors
 
     mod, params = load("dense_softmax")
     tasks = get_adapter("ansor").extract(mod, relay_tasks.host_target(), params)
@@ -170,7 +170,7 @@ def test_ansors_scheduler_leaves_a_task_whose_measurements_all_fail(monkeypatch,
 
     import relay_tasks
     from relay_tasks.adapters import get_adapter
-    from relay_tasks.adapters.ansor import FAILED_MEASUREMENTS, _FromDefaults, _Tutors
+    from relay_tasks.adapters.ansor.session import FAILED_MEASUREMENTS, _FromDefaults, _Tutors
 
     mod, params = load("dense_softmax")
     tasks = get_adapter("ansor").extract(mod, relay_tasks.host_target(), params)

@@ -248,7 +248,7 @@ def test_dense_layers_whose_layout_rewrite_fails_are_tuned_and_built_without_it(
 def test_tasks_whose_layout_rewrite_works_keep_it() -> None:
     """Only a task whose rewrite fails is measured without it: a convolution's rewrite of its
     kernel works here, and its task is tuned as upstream's."""
-    from relay_tasks.adapters.ansor import _measurable, _rewrite_fails
+    from relay_tasks.adapters.ansor.tasks import measurable, rewrite_fails
 
     def first(model: str, anchor_op: str) -> auto_scheduler.SearchTask:
         mod, params = load(model)
@@ -257,9 +257,9 @@ def test_tasks_whose_layout_rewrite_works_keep_it() -> None:
 
     dense = first("dense_softmax", "nn.dense")
     conv = first("conv_bias_bn_relu", "nn.contrib_conv2d_NCHWc")
-    assert _rewrite_fails(dense.compute_dag) and not _rewrite_fails(conv.compute_dag)
-    assert _measurable(conv) is conv
-    plain = _measurable(dense)
+    assert rewrite_fails(dense.compute_dag) and not rewrite_fails(conv.compute_dag)
+    assert measurable(conv) is conv
+    plain = measurable(dense)
     assert plain.layout_rewrite_option == auto_scheduler.LayoutRewriteOption.NO_REWRITE
     assert (plain.workload_key, plain.desc) == (dense.workload_key, dense.desc)
     assert dense.layout_rewrite_option == conv.layout_rewrite_option != plain.layout_rewrite_option
@@ -382,7 +382,7 @@ def test_a_task_starts_from_the_fastest_states_of_the_nearest_tasks_of_its_form(
     ``STARTS_EACH`` valid states each, each state once (the near task's fastest is the far
     one's, as when it started from it), ``STARTS`` in all; a compute of other operations
     (dense without the relu) and the task's own states give none."""
-    from relay_tasks.adapters.ansor import _Tutors
+    from relay_tasks.adapters.ansor.session import _Tutors
     from relay_tasks.adapters.similar import STARTS, STARTS_EACH
 
     def dense(batch: int, relu: bool = True) -> auto_scheduler.SearchTask:
@@ -422,7 +422,7 @@ def test_a_pools_flops_are_counted_where_ansors_counter_gives_up(tmp_path) -> No
     has one): the task's FLOPs are still its operations (each of 8 outputs sums 16 values and
     divides once), and a pool at another extent, a similar task, starts from its states (the
     nearness of FLOPs divided by zero on Ansor's -1)."""
-    from relay_tasks.adapters.ansor import _Tutors
+    from relay_tasks.adapters.ansor.session import _Tutors
 
     def pool(side: int) -> auto_scheduler.SearchTask:
         data = relay.var("data", shape=(1, 8, side, side))

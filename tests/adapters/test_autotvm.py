@@ -299,7 +299,7 @@ def test_flops_are_computed_for_a_task_whose_config_space_is_not_built() -> None
     ],
 )
 def test_the_first_dynamic_tensor_shape_in_a_templates_arguments(args, shape) -> None:
-    from relay_tasks.adapters.autotvm import _dynamic_tensor_shape
+    from relay_tasks.adapters.autotvm.tasks import _dynamic_tensor_shape
 
     assert _dynamic_tensor_shape(args) == shape
 
@@ -447,7 +447,7 @@ def test_the_registry_hands_every_option_on() -> None:
 def test_a_failed_builds_cause_is_its_error_not_the_traceback_start() -> None:
     """AutoTVM reports a failed build as a (traceback, error) pair: the cause kept is the
     error's line (its ``str`` was one line of escaped newlines, cut at the traceback's start)."""
-    from relay_tasks.adapters.autotvm import _report
+    from relay_tasks.adapters.autotvm.database import _report
     from relay_tasks.adapters.base import failure_cause
 
     traceback = 'Traceback (most recent call last):\n  File "measure_methods.py", line 565\n'
@@ -463,7 +463,8 @@ def test_a_task_starts_from_the_nearest_points_of_its_similar_tasks_fastest_conf
     the nearest point of its own space (an inner factor of 16 rows, which does not divide 24,
     becomes 12, nearer than 24; the others are kept), fastest first; the slower third is
     left; another template (``dense_pack``, other knobs) starts from nothing."""
-    from relay_tasks.adapters.autotvm import _Tutors, create_task
+    from relay_tasks.adapters.autotvm import create_task
+    from relay_tasks.adapters.autotvm.session import _Tutors
 
     def dense(template: str, rows: int) -> autotvm.task.Task:
         args = (("TENSOR", (1, 32), "float32"), ("TENSOR", (rows, 32), "float32"), None,

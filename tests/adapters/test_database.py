@@ -10,8 +10,8 @@ import tvm
 from tvm import meta_schedule as ms
 from tvm import te, tir
 
-from relay_tasks.adapters.database import WorkDatabase, workload_key
 from relay_tasks.adapters.meta_schedule import measurements
+from relay_tasks.adapters.meta_schedule.database import WorkDatabase, workload_key
 from relay_tasks.adapters.records import trace_problem
 
 from zoo import HOST

@@ -226,8 +226,8 @@ def test_measurements_are_read_from_metaschedules_own_database(tmp_path) -> None
     """A database written through MetaSchedule's own API, in commit order: a valid record is its
     mean run time; a failure (no run time, or MetaSchedule's 1e10 s mark) takes the next cause
     from the error log, then "unknown error"; the key is the workload's structural hash."""
-    from relay_tasks.adapters.database import ERRORS as ERRORS_FILE
     from relay_tasks.adapters.meta_schedule import measurements
+    from relay_tasks.adapters.meta_schedule.database import ERRORS as ERRORS_FILE
 
     mod, params = load("dense_softmax")
     rows = get_adapter("meta_schedule").extract(mod, X86, params)
@@ -287,8 +287,8 @@ def test_a_resumed_tune_teaches_its_records_to_the_cost_model_and_draws_nothing_
     """MetaSchedule keeps no cost model between tunes: a resumed tune learns the work dir's
     records first and, where they are as many as the warm-up needs, searches with the model
     from its first candidate (it drew the warm-up's random candidates again before)."""
-    from relay_tasks.adapters import meta_schedule
     from relay_tasks.adapters.base import Runner
+    from relay_tasks.adapters.meta_schedule import session
 
     from tuned_models import tune_in_process
 
@@ -296,11 +296,11 @@ def test_a_resumed_tune_teaches_its_records_to_the_cost_model_and_draws_nothing_
     work = tmp_path / "work"
     learnt: list[int] = []
     drawn: list[int] = []
-    learn = meta_schedule._Session.learn
-    monkeypatch.setattr(meta_schedule._Session, "learn",
+    learn = session._Session.learn
+    monkeypatch.setattr(session._Session, "learn",
                         lambda self, *others: learnt.append(learn(self, *others)) or learnt[-1])  # fmt: skip
-    monkeypatch.setattr(meta_schedule, "_replay", lambda n: drawn.append(n))
-    monkeypatch.setattr(meta_schedule, "WARMUP", 3)
+    monkeypatch.setattr(session, "_replay", lambda n: drawn.append(n))
+    monkeypatch.setattr(session, "WARMUP", 3)
     adapter, (_, target, _, tasks) = get_adapter("meta_schedule"), tuned.inputs
     adapter.tune(tasks, target, 5, work, Runner())
     assert learnt == [3] and drawn == []
@@ -312,7 +312,7 @@ def test_cpu_targets_get_this_machines_core_count_unless_they_name_one() -> None
     """MetaSchedule's CPU schedule rules read ``-num-cores``; other targets are left alone."""
     import os
 
-    from relay_tasks.adapters.meta_schedule import _with_num_cores
+    from relay_tasks.adapters.meta_schedule.session import _with_num_cores
 
     host = "llvm -mtriple=x86_64-linux-gnu -mcpu=haswell"
     filled = _with_num_cores(tvm.target.Target(X86, host))
@@ -335,7 +335,7 @@ def test_search_effort_grows_with_the_budget_within_upstreams_defaults(tuner: st
     more than its builds and runs)."""
     import importlib
 
-    search = importlib.import_module(f"relay_tasks.adapters.{tuner}")._search
+    search = importlib.import_module(f"relay_tasks.adapters.{tuner}.session")._search
 
     def effort(budget: int) -> tuple[int, int, int]:
         found = search(budget)
@@ -494,12 +494,12 @@ def test_a_task_starts_from_the_best_schedules_of_its_nearest_similar_tasks() ->
     the FLOPs), at most ``STARTS_EACH`` records of each, their fastest valid ones; another
     operator's records and the task's own give none."""
     from relay_tasks import host_target
-    from relay_tasks.adapters.meta_schedule import (
+    from relay_tasks.adapters.meta_schedule import register_intrinsics
+    from relay_tasks.adapters.meta_schedule.session import (
         STARTS,
         STARTS_EACH,
         _starts,
         _with_num_cores,
-        register_intrinsics,
     )
 
     adapter, target = get_adapter("meta_schedule"), host_target()

@@ -11,7 +11,7 @@ from tvm import meta_schedule as ms
 from tvm import tir
 
 import relay_tasks
-from relay_tasks.adapters.database import trace_json
+from relay_tasks.adapters.meta_schedule.database import trace_json
 from relay_tasks.adapters.records import trace_problem
 
 from zoo import load, model_target_rows

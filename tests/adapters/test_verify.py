@@ -11,6 +11,7 @@ from tvm import te, tir
 
 from relay_tasks import RelayTasksWarning, host_target
 from relay_tasks.adapters import ansor, autotvm, verify
+from relay_tasks.adapters.autotvm import library as autotvm_build
 from relay_tasks.adapters.verify import same_results
 
 
@@ -148,12 +149,12 @@ def test_an_autotvm_config_that_chooses_the_layouts_is_checked_in_its_own(tmp_pa
     line = tvm_autotvm.record.encode(measured, result)
     log = tmp_path / "autotvm.log"
     log.write_text(line + "\n")
-    assert autotvm._agreeing(log, [task], target) == [(task, line + "\n")]
+    assert autotvm_build._agreeing(log, [task], target) == [(task, line + "\n")]
     native = autotvm.create_task(task.native.name, task.native.args, target)
-    shapes = autotvm._buffer_shapes(autotvm._lowered(native, config, target))
-    fallback = autotvm._lowered(native, autotvm.FallbackConfigEntity(), target)
-    assert shapes != autotvm._buffer_shapes(fallback)  # its layouts are not the fallback's
-    lowered = autotvm._lowered
+    shapes = autotvm_build._buffer_shapes(autotvm_build._lowered(native, config, target))
+    fallback = autotvm_build._lowered(native, autotvm_build.FallbackConfigEntity(), target)
+    assert shapes != autotvm_build._buffer_shapes(fallback)  # its layouts are not the fallback's
+    lowered = autotvm_build._lowered
 
     def shifted(native: Any, config: Any, target: Any, *, plain: bool = False) -> Any:
         """The record's schedule made to compute the compute plus one."""
@@ -165,9 +166,9 @@ def test_an_autotvm_config_that_chooses_the_layouts_is_checked_in_its_own(tmp_pa
         return tvm.IRModule({"main": func.with_body(tir.SeqStmt([func.body, _add_one(out)]))})
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(autotvm, "_lowered", shifted)
+        patch.setattr(autotvm_build, "_lowered", shifted)
         with pytest.warns(RelayTasksWarning, match="the best 1 of its records .* default"):
-            assert autotvm._agreeing(log, [task], target) == []
+            assert autotvm_build._agreeing(log, [task], target) == []
 
 
 def _add_one(buffer: Any) -> Any:

@@ -179,7 +179,7 @@ def test_a_fifo_in_place_of_a_work_dir_file_is_refused_not_waited_on(
 
 
 def test_a_task_name_does_not_place_files_outside_the_work_dir(tmp_path) -> None:
-    from relay_tasks.adapters.meta_schedule import _file_part
+    from relay_tasks.adapters.meta_schedule.session import _file_part
 
     assert _file_part("../../etc/x") == "______etc_x"
     assert _file_part("fused_nn_dense_add") == "fused_nn_dense_add"

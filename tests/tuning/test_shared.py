@@ -278,8 +278,9 @@ def test_a_metaschedule_tune_of_another_model_learns_the_work_dirs_records_first
     learns those records (their tasks derived again from the work dir's task files) before
     the search, so a warm-up they fill draws nothing at random."""
     from relay_tasks import host_target
-    from relay_tasks.adapters import get_adapter, meta_schedule
+    from relay_tasks.adapters import get_adapter
     from relay_tasks.adapters.base import Runner
+    from relay_tasks.adapters.meta_schedule import session
     from relay_tasks.loaders import load_model
     from relay_tasks.tuning.worker import other_tunes, tune_until
 
@@ -297,12 +298,12 @@ def test_a_metaschedule_tune_of_another_model_learns_the_work_dirs_records_first
     assert not {t.key for t in tasks} & set(tiny)
     learnt: list[int] = []
     drawn: list[int] = []
-    learn = meta_schedule._Session.learn
-    monkeypatch.setattr(meta_schedule._Session, "learn",
+    learn = session._Session.learn
+    monkeypatch.setattr(session._Session, "learn",
                         lambda self, others: learnt.append(learn(self, others)) or learnt[-1])  # fmt: skip
-    monkeypatch.setattr(meta_schedule, "_replay", lambda n: drawn.append(n))
+    monkeypatch.setattr(session, "_replay", lambda n: drawn.append(n))
     before = valid_count(work, "meta_schedule")
-    monkeypatch.setattr(meta_schedule, "WARMUP", before)
+    monkeypatch.setattr(session, "WARMUP", before)
     tune_until(adapter, tasks, target, 2, work, Runner(), teachers=lambda: teachers)
     assert learnt == [before] and drawn == []
 
@@ -334,7 +335,7 @@ def test_a_metaschedule_task_without_records_starts_from_a_similar_tasks_best_sc
     batch-1 task's best schedule, replayed on it (tile sizes redrawn where 2 rows no longer
     divide as 1 did), not a random one; the tune says so first."""
     from relay_tasks import tune
-    from relay_tasks.adapters.database import WorkDatabase
+    from relay_tasks.adapters.meta_schedule.database import WorkDatabase
 
     source, tutor, task, target = _at_batch(tuned, "meta_schedule", tmp_path, 2)
     assert tutor.key != task.key and tutor.name == task.name

@@ -95,6 +95,7 @@ def test_ansor_keeps_each_failures_cause_in_order(tuned, tmp_path) -> None:
     from tvm.auto_scheduler.measure_record import load_record_from_string
 
     from relay_tasks.adapters import ansor
+    from relay_tasks.adapters.ansor.session import _Keep
 
     work = tmp_path / "w"
     shutil.copytree(tuned["ansor"], work)
@@ -103,7 +104,7 @@ def test_ansor_keeps_each_failures_cause_in_order(tuned, tmp_path) -> None:
     fine = MeasureResult([1e-5], 0, "", 0.1, 0)
     counted: list[int] = []
     scheduler = SimpleNamespace(measured=lambda inputs, results: counted.append(len(results)))
-    ansor._Keep(work, scheduler).callback(None, [inp] * 3, [fine, failed, fine])
+    _Keep(work, scheduler).callback(None, [inp] * 3, [fine, failed, fine])
     assert counted == [3]
     measured = ansor.measurements(work)
     assert [m.error for m in measured[-3:]] == ["", "RUN_TIMEOUT: RuntimeError: boom", ""]
@@ -232,20 +233,21 @@ def test_autotvm_keeps_each_failures_cause_in_order(tuned, tmp_path) -> None:
     from tvm.autotvm.record import decode
 
     from relay_tasks.adapters import autotvm
+    from relay_tasks.adapters.autotvm.database import ERRORS_FILE, keep_records
     from relay_tasks.adapters.index import _causes
 
     inp, _ = decode((tuned["autotvm"] / "autotvm.log").read_text().splitlines()[0])
     # As AutoTVM's LocalBuilder reports a build timeout: an exception with no message.
     failed = MeasureResult(("Traceback ...", TimeoutError()), 6, 10.0, 0)
     fine = MeasureResult((1e-5,), 0, 0.1, 0)
-    autotvm._keep(tmp_path)(None, [inp] * 3, [fine, failed, fine])
-    causes = _causes(tmp_path / autotvm.ERRORS_FILE)
+    keep_records(tmp_path)(None, [inp] * 3, [fine, failed, fine])
+    causes = _causes(tmp_path / ERRORS_FILE)
     assert next(causes)[0] == "TimeoutError"
     assert next(causes)[0] == "unknown error"  # past the causes kept
     measured = autotvm.measurements(tmp_path)
     assert [m.error for m in measured] == ["", "BUILD_TIMEOUT: TimeoutError", ""]
     # An empty cause, as tune kept for timeouts before, reads as the error alone.
-    (tmp_path / autotvm.ERRORS_FILE).write_text('{"error": ""}\n')
+    (tmp_path / ERRORS_FILE).write_text('{"error": ""}\n')
     assert [m.error for m in autotvm.measurements(tmp_path)] == ["", "BUILD_TIMEOUT", ""]
 
 

@@ -161,6 +161,49 @@ def test_a_killed_tuner_process_is_named_with_what_was_kept(tiny, tmp_path: Path
 
 
 @pytest.mark.parametrize("tuner", TUNERS)
+def test_a_killed_builder_or_runner_child_fails_its_candidate_not_the_tune(
+    tuner: str, tiny, tmp_path: Path
+) -> None:
+    """``kill -9`` of the processes that build and run candidates (TVM's pool workers, the
+    tuner process's children), three in all, the first as soon as one shows (MetaSchedule's
+    builder checks its child as it starts), each next once a measurement was kept since: the
+    candidate a killed child held fails, its pool starts another child, and the tune reaches
+    its trials."""
+    work = tmp_path / "work"
+    command = [sys.executable, "-m", "relay_tasks.cli", *tune_argv(tiny, tuner, work, 12)]
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    killed: list[str] = []
+    kept, deadline = 0, time.monotonic() + 240
+    while len(killed) < 3 and child.poll() is None and time.monotonic() < deadline:
+        found = subprocess.run(["pgrep", "-f", "tvm.exec.popen_worker"],
+                               capture_output=True, text=True)  # fmt: skip
+        ours = [pid for pid in found.stdout.split() if _descends(int(pid), child.pid)]
+        if ours and (not killed or valid_count_or_zero(work, tuner) > kept):
+            os.kill(int(ours[0]), signal.SIGKILL)
+            killed.append(ours[0])
+            kept = valid_count_or_zero(work, tuner)
+        time.sleep(0.05)
+    _, err = child.communicate(timeout=300)
+    assert len(killed) == 3, f"the tune ended before three of its children were killed: {err}"
+    assert child.returncode == 0, err
+    assert valid_count(work, tuner) >= 12
+    assert all(s is None or 0 < s < 1 for _, s in raw_measurements(work, tuner))
+
+
+def _descends(pid: int, ancestor: int) -> bool:
+    """Whether process ``pid`` is ``ancestor`` or below it."""
+    while pid > 1:
+        if pid == ancestor:
+            return True
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return False
+        pid = int(stat.rsplit(")", 1)[1].split()[1])
+    return False
+
+
+@pytest.mark.parametrize("tuner", TUNERS)
 def test_a_time_budget_stops_the_tune_and_keeps_what_was_measured(
     tuner: str, tiny, tmp_path: Path
 ) -> None:
@@ -284,11 +327,12 @@ def test_serve_stops_its_server_on_sigterm() -> None:
 
 
 def test_the_timeout_bounds_builds_as_it_bounds_runs() -> None:
-    from relay_tasks.adapters import ansor, autotvm
+    from relay_tasks.adapters.ansor.runner import timeout_seconds
+    from relay_tasks.adapters.autotvm.runner import builder_of
     from relay_tasks.adapters.base import Runner
 
-    assert autotvm._builder(Runner(timeout=3.5)).timeout == 3.5
-    assert ansor._seconds(Runner(timeout=0.2)) == 1 and ansor._seconds(Runner(timeout=7.5)) == 8
+    assert builder_of(Runner(timeout=3.5)).timeout == 3.5
+    assert timeout_seconds(Runner(timeout=0.2)) == 1 and timeout_seconds(Runner(timeout=7.5)) == 8
 
 
 def test_a_tune_with_its_budget_spent_measures_the_defaults_an_older_version_left(

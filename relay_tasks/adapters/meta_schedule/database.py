@@ -3,12 +3,12 @@
 MetaSchedule's ``JSONDatabase`` reads each workload line of its files with TVM's object JSON
 reader, which builds whatever nodes a file names. Here a workload line is only a structural
 hash: the workload's module is the task this command derived, never the file's. Each record's
-trace passes :mod:`.records`' allowlist, then MetaSchedule replays it on that module into an
+trace passes :mod:`..records`' allowlist, then MetaSchedule replays it on that module into an
 in-memory database, which is all the tuner and the build see. New records go to the same two
 files, one line each as it completes, in ``JSONDatabase``'s format (its readers still read them).
 
 A record names its workload by line number, and other tunes may share the files: each commit
-takes the work dir's lock (:mod:`.journal`), reads the workload lines appended since it last
+takes the work dir's lock (:mod:`..journal`), reads the workload lines appended since it last
 looked, and only then numbers its own.
 """
 
@@ -19,6 +19,7 @@ import json
 import struct
 import time
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -26,21 +27,39 @@ import tvm
 from tvm import meta_schedule as ms
 from tvm.ir import IRModule
 
-from ..errors import describe_failure
-from ..files import read_regular
-from .base import Line, Measurement, RecordFiles, cause_lines, damaged, record_lines
-from .index import SEED, best_records
-from .journal import locked, write_locked
-from .records import trace_problem
+from ...errors import describe_failure
+from ...files import read_regular
+from ..base import (
+    Line,
+    Measurement,
+    RecordFiles,
+    TunerTask,
+    cause_lines,
+    damaged,
+    record_lines,
+)
+from ..index import SEED, best_records, history
+from ..journal import locked, write_locked
+from ..records import trace_problem
 
 #: A record's JSON form with its index maps as objects (the Python ``as_json`` cannot hold them).
 _AS_JSON = tvm.get_global_func("meta_schedule.TuningRecordAsJSON")
+
+
 WORKLOADS = "database_workload.json"
+
+
 RECORDS = "database_tuning_record.json"
+
+
 #: The causes of failed measurements, one a line (a record keeps only its failure's 1e10 s).
 ERRORS = "meta_schedule_errors.jsonl"
+
+
 #: When each record was measured, a line each in the records' order (a record has no time).
 TIMES = "meta_schedule_times.jsonl"
+
+
 FILES = RecordFiles(RECORDS, ERRORS, TIMES, WORKLOADS)
 
 
@@ -248,3 +267,25 @@ def _plain(value: Any) -> Any:
 
 def _dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"))
+
+
+def measurements(work_dir: Path) -> list[Measurement]:
+    """The JSON database's records in commit order (its API sorts them by latency), each under
+    its workload's structural hash, this adapter's task key, with the time it was measured;
+    every trace checked (see :func:`.database.entries`) before anything lets MetaSchedule read
+    the database."""
+    if not (work_dir / RECORDS).exists():
+        return []
+    records = history(read, work_dir, FILES)
+    times = read_times(work_dir, len(records))
+    return [replace(m, at=at) for m, at in zip(records, times, strict=True)]
+
+
+#: The JSON database (workloads, a task's TIR a line, and records pointing into them) and the
+#: failures' causes.
+LOGS = (WORKLOADS, RECORDS, ERRORS, TIMES)
+
+
+def adopt(tasks: Sequence[TunerTask], source: Path, work_dir: Path) -> int:
+    """Copy the valid records of ``tasks`` from another work dir's database."""
+    return WorkDatabase(work_dir, [t.native.dispatched[0] for t in tasks]).adopt(source)

@@ -1,0 +1,124 @@
+"""A library built with the work dir's best records: only those whose schedule computes what
+their task computes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tvm
+from tvm import meta_schedule as ms
+from tvm.ir import IRModule
+from tvm.meta_schedule.utils import derived_object
+from tvm.target import Target
+
+from ..base import (
+    TunerTask,
+)
+from ..untuned import covered_by, untuned_as_without, variants_of, warn_unused
+from ..verify import CANDIDATES, best_agreeing, results, runs_here
+from .database import (
+    WorkDatabase,
+    workload_key,
+)
+from .tasks import register_intrinsics
+
+
+def build(
+    mod: IRModule,
+    target: Target,
+    params: Any,
+    work_dir: Path,
+    tasks: Sequence[TunerTask],
+    others: Sequence[TunerTask] = (),
+) -> Any:
+    """``compile_relay`` with the work dir's records of ``tasks``: each takes its best that
+    computes what it computes; the other tasks (``others`` among them) get TVM's default
+    schedules (:mod:`.untuned`)."""
+    register_intrinsics(target)  # a record's trace may tensorize with one
+    database = WorkDatabase(work_dir, [t.native.dispatched[0] for t in tasks], keep=CANDIDATES)
+    memory, kept = _agreeing(database.memory, tasks, target)
+    unchecked = [t for t in tasks if t not in kept]
+    covered = covered_by(kept, [*others, *unchecked])
+    asked = _Asked(memory)
+    variants = variants_of([*tasks, *others])
+    with untuned_as_without("relay.backend.use_meta_schedule", covered, variants):
+        library = ms.relay_integration.compile_relay(asked, mod, target, params)
+    warn_unused(kept, asked.applied, [*others, *unchecked])
+    return library
+
+
+@derived_object
+class _Asked(ms.database.PyDatabase):  # type: ignore[misc]
+    """A database that answers as ``inner`` does and notes the workloads the build found a
+    record for (by :func:`.database.workload_key`)."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__()
+        self.inner = inner
+        self.applied: set[str] = set()
+
+    def has_workload(self, mod: IRModule) -> bool:
+        return bool(self.inner.has_workload(mod))
+
+    def commit_workload(self, mod: IRModule) -> Any:
+        return self.inner.commit_workload(mod)
+
+    def commit_tuning_record(self, record: Any) -> None:
+        self.inner.commit_tuning_record(record)
+
+    def get_top_k(self, workload: Any, top_k: int) -> Any:
+        return self.inner.get_top_k(workload, top_k)
+
+    def get_all_tuning_records(self) -> Any:
+        return self.inner.get_all_tuning_records()
+
+    def query_tuning_record(self, mod: IRModule, target: Target, name: str) -> Any:
+        record = self.inner.query_tuning_record(mod, target, name)
+        if record is not None:
+            self.applied.add(workload_key(record.workload.mod))
+        return record
+
+    def query_schedule(self, mod: IRModule, target: Target, name: str) -> Any:
+        record = self.query_tuning_record(mod, target, name)
+        return None if record is None else self.inner.query_schedule(mod, target, name)
+
+    def query_ir_module(self, mod: IRModule, target: Target, name: str) -> Any:
+        record = self.query_tuning_record(mod, target, name)
+        return None if record is None else self.inner.query_ir_module(mod, target, name)
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+
+def _agreeing(
+    memory: Any, tasks: Sequence[TunerTask], target: Target
+) -> tuple[Any, list[TunerTask]]:
+    """A database of each task's best record that computes what the task computes
+    (:mod:`.verify`), and the tasks that have one; ``memory`` as it is where this machine
+    cannot run the target's code."""
+    if not runs_here(target):
+        return memory, list(tasks)
+    checked = ms.database.MemoryDatabase()
+    kept = []
+    for task in tasks:
+        module = task.native.dispatched[0]
+        best = memory.get_top_k(memory.commit_workload(module), CANDIDATES)
+        candidates = [(float(np.mean([float(s) for s in r.run_secs])), r) for r in best]
+        record = best_agreeing(task.name, candidates, results(module, target), _scheduled, target)
+        if record is not None:
+            workload = checked.commit_workload(module)
+            checked.commit_tuning_record(ms.database.TuningRecord(
+                record.trace, workload, record.run_secs, record.target, record.args_info
+            ))  # fmt: skip
+            kept.append(task)
+    return checked, kept
+
+
+def _scheduled(record: Any) -> IRModule:
+    schedule = tvm.tir.Schedule(record.workload.mod)
+    record.trace.apply_to_schedule(schedule, remove_postproc=False)
+    return schedule.mod
