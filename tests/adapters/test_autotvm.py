@@ -150,13 +150,15 @@ def test_registry_and_unknown_options() -> None:
         get_adapter("autotvm").extract(mod, X86, params, module_equality="structural")
 
 
-def test_a_template_carries_the_weight_of_the_function_that_first_needs_it() -> None:
+def test_a_template_weighs_every_call_of_every_function_that_needs_it() -> None:
     """repeated_blocks: four equal convs. Blocks 0 and 2 fuse conv+relu, blocks 1 and 3 add the
-    residual too (another function), so the one conv template is first needed by a function
-    that occurs twice: weight 2 (upstream's AutoTVM tasks carry no weight to compare with)."""
+    residual too (another function, also twice), and all four run the one conv template:
+    weight 4 (upstream's AutoTVM tasks carry no weight to compare with). The task's function
+    is the first that needs it."""
     mod, params = load("repeated_blocks")
     (task,) = get_adapter("autotvm").extract(mod, X86, params)
-    assert (task.name, task.weight, task.anchor_op) == ("conv2d_NCHWc.x86", 2, "nn.conv2d")
+    assert (task.name, task.weight, task.anchor_op) == ("conv2d_NCHWc.x86", 4, "nn.conv2d")
+    assert task.source is not None and task.source.weight == 2
 
 
 @pytest.mark.parametrize(
