@@ -449,7 +449,7 @@ def _status_verb(args: argparse.Namespace) -> int:
     from .adapters.index import tally_in
     from .api import extract_models
     from .tuning import standing
-    from .tuning.defaults import read_defaults
+    from .tuning.defaults import read_alike, read_defaults
     from .tuning.status import format_status, plot, status_document, task_flops
     from .tuning.tune import tasks_in
 
@@ -461,7 +461,7 @@ def _status_verb(args: argparse.Namespace) -> int:
         tasks = extract_models(models, tuned.target, tuner=adapter)
     else:
         tasks = tuned.tasks
-    now = standing(tasks, tally_in(adapter, folder), read_defaults(folder))
+    now = standing(tasks, tally_in(adapter, folder), read_defaults(folder), read_alike(folder))
     flops = task_flops(adapter, tasks)
     if args.format == "json":
         document = {

@@ -22,7 +22,7 @@ from ..adapters.index import tally_in
 from ..adapters.journal import open_appending
 from ..adapters.verify import runs_here, seeded_values
 from ..errors import ModelError, TuningError, UsageError, describe_failure
-from .defaults import read_defaults, record_seconds, stale_defaults
+from .defaults import read_alike, read_defaults, record_seconds, stale_defaults
 from .records import TaskRecord, standing
 from .tune import LOG_FILE, tuned_for
 
@@ -69,7 +69,8 @@ def plan(mod: Any, params: Any, work_dir: str | Path) -> Plan:
     tuned = tuned_for(work_dir)
     adapter = get_adapter(tuned.tuner)
     tasks = adapter.extract(mod, tuned.target, params)
-    now = standing(tasks, tally_in(adapter, Path(work_dir)), read_defaults(Path(work_dir)))
+    folder = Path(work_dir)
+    now = standing(tasks, tally_in(adapter, folder), read_defaults(folder), read_alike(folder))
     adapter.check(tasks, Path(work_dir))
     built = {r.task.alternatives_of for r in now.chosen}  # where a record beats the default
     if runs_here(tuned.target):

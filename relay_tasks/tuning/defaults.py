@@ -63,6 +63,11 @@ def read_defaults(work_dir: Path) -> dict[str, float]:
     return {**kept.stale, **kept.current}
 
 
+def read_alike(work_dir: Path) -> dict[tuple[str, float], float]:
+    """The best records ``compile`` timed as their defaults are, by task key and best."""
+    return _read(work_dir).alike
+
+
 def stale_defaults(work_dir: Path) -> set[str]:
     """The keys whose default latency was measured only by an older relay-tasks."""
     kept = _read(work_dir)

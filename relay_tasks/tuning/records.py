@@ -25,10 +25,20 @@ class TaskRecord:
     first_error: str
     causes: tuple[tuple[str, int], ...] = ()  # failures' causes, the most common first
     default: float | None = None  # seconds with TVM's default schedule, where measured
+    #: Seconds of its best record built alone and timed as its default is, where ``compile``
+    #: timed it so: a tuner times a kernel its own way (AutoTVM's ``conv2d_NCHWc`` without the
+    #: layout transforms around it), and the build takes the record only where this beats the
+    #: default.
+    alike: float | None = None
 
     @property
     def trials(self) -> int:
         return self.valid + self.failed
+
+    @property
+    def as_built(self) -> float | None:
+        """Its best record's latency as the build weighs it against the default."""
+        return self.alike if self.alike is not None else self.best
 
 
 @dataclass(frozen=True)
@@ -67,7 +77,7 @@ class Standing:
             held = best.get(t.task.alternatives_of)
             if held is None or t.best < held.best:  # type: ignore[operator]
                 best[t.task.alternatives_of] = t
-        return [t for t in best.values() if t.default is None or t.best < t.default]  # type: ignore[operator]
+        return [t for t in best.values() if t.default is None or t.as_built < t.default]  # type: ignore[operator]
 
     @property
     def latency(self) -> float | None:
@@ -76,7 +86,7 @@ class Standing:
         summed; None until every function has one or the other."""
         fastest: dict[str, float] = {}
         for t in self.tasks:
-            options = [s for s in (t.best, t.default) if s is not None]
+            options = [s for s in (t.as_built, t.default) if s is not None]
             if options:
                 group = t.task.alternatives_of
                 seconds = t.task.weight * min(options)
@@ -91,23 +101,27 @@ def standing(
     tasks: Sequence[TunerTask],
     records: Records,
     defaults: Mapping[str, float] | None = None,
+    alike: Mapping[tuple[str, float], float] | None = None,
 ) -> Standing:
     """Each task's standing in ``records``; ``defaults`` are the latencies of the default
-    schedules (by ``alternatives_of``), where measured."""
-    defaults = defaults or {}
+    schedules (by ``alternatives_of``), where measured, and ``alike`` those of best records
+    timed the same way (by task key and best)."""
+    defaults, alike = defaults or {}, alike or {}
     summed = as_tally(records)
     rows = []
     for task in tasks:
         mine = summed.of(task.key)
+        best = mine.best[0][0] if mine.best else None
         rows.append(
             TaskRecord(
                 task,
                 valid=mine.valid,
                 failed=mine.failed,
-                best=mine.best[0][0] if mine.best else None,
+                best=best,
                 first_error=mine.first_error,
                 causes=tuple(mine.causes.most_common()),
                 default=defaults.get(task.alternatives_of),
+                alike=None if best is None else alike.get((task.key, best)),
             )
         )
     return Standing(rows)

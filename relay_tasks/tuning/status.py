@@ -26,7 +26,8 @@ def format_status(now: Standing, flops: Sequence[float]) -> str:
     total = now.latency
     for index, (record, flop) in enumerate(zip(now.tasks, flops, strict=True)):
         best, default = record.best, record.default
-        share = f"{record.task.weight * best / total:.1%}" if total and best else ""
+        built_ms = record.as_built
+        share = f"{record.task.weight * built_ms / total:.1%}" if total and built_ms else ""
         built = _built(now, record)
         if share and built != "records":
             share = "(default)" if built == "default" else "(alt.)"
@@ -180,7 +181,7 @@ def shares(now: Standing) -> list[tuple[str, float]]:
             continue  # unmeasured, or a faster alternative of the function is built
         name = f"#{index} {record.task.name}"
         if id(record) in chosen:
-            bars.append((name, record.task.weight * float(record.best)))  # type: ignore[arg-type]
+            bars.append((name, record.task.weight * float(record.as_built)))  # type: ignore[arg-type]
         else:
             bars.append((f"{name} (default)", record.task.weight * float(record.default)))  # type: ignore[arg-type]
     return bars

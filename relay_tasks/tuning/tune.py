@@ -41,7 +41,7 @@ from ..export import TaskFile, dumps, load_tasks, tasks_document
 from ..files import read_regular
 from ..host import check_runs_here
 from ..inputs import TargetLike, as_target
-from .defaults import read_defaults, stale_defaults
+from .defaults import read_alike, read_defaults, stale_defaults
 from .device import check_tracker, devices_left
 from .logs import refuse_links
 from .prune import finish_prune, tuning
@@ -147,7 +147,7 @@ def tune(
             stale_defaults(folder) & {t.alternatives_of for t in tasks}
         )
         if not tasks or (trials is not None and before.valid >= trials and not stale):
-            return standing(every, records, read_defaults(folder))
+            return standing(every, records, read_defaults(folder), read_alike(folder))
         if before.valid:
             display.say(_resuming(before, folder))
         if len(tasks) < len(every):
@@ -173,7 +173,7 @@ def tune(
                 f"all {new_failed} measurements failed; the first: "
                 f"{after.first_error or 'unknown'} (details in {folder / LOG_FILE})"
             )
-        return standing(every, tally_in(adapter, folder), read_defaults(folder))
+        return standing(every, tally_in(adapter, folder), read_defaults(folder), read_alike(folder))
 
 
 def _reused(

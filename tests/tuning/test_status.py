@@ -184,6 +184,32 @@ def test_default_schedules_count_where_they_beat_the_records() -> None:
     ]
 
 
+def test_a_record_the_build_timed_slower_than_the_default_counts_as_the_default() -> None:
+    """AutoTVM times a ``conv2d_NCHWc`` without the layout transforms around it; ``compile``
+    times the best record built alone as the default is, and builds the default where that
+    is faster. Status then says what the build runs: ResNet-18's records beat 8 defaults as
+    AutoTVM timed them, none of them once timed alike, and the table showed them as built."""
+    from relay_tasks.adapters import TunerTask
+    from relay_tasks.adapters.base import Measurement
+    from relay_tasks.tuning import standing
+    from relay_tasks.tuning.status import format_status, shares
+
+    tasks = [TunerTask("conv", 2, "nn.conv2d", "k1", None), TunerTask("relu", 1, "nn.relu", "k2", None)]  # fmt: skip
+    records = [Measurement("k1", 3e-3), Measurement("k2", 1e-3)]
+    defaults = {"k1": 4e-3, "k2": 2e-3}
+    alike = {("k1", 3e-3): 5e-3, ("k2", 1e-3): 1.5e-3}
+    now = standing(tasks, records, defaults, alike)
+    assert [r.task.name for r in now.chosen] == ["relu"]
+    assert now.latency == pytest.approx(2 * 4e-3 + 1.5e-3)
+    assert shares(now) == [("#0 conv (default)", pytest.approx(8e-3)),
+                           ("#1 relu", pytest.approx(1.5e-3))]  # fmt: skip
+    rows = [line.split() for line in format_status(now, [1e9] * 2).splitlines()[1:3]]
+    assert (rows[0][7], rows[0][8], rows[1][8]) == ("3", "(default)", "15.8%")
+    # A record timed alike for another best (the tune went on since) does not count.
+    later = standing(tasks, [*records, Measurement("k1", 2e-3)], defaults, alike)
+    assert [r.task.name for r in later.chosen] == ["conv", "relu"]
+
+
 def test_the_curve_against_time_needs_every_measurements_time() -> None:
     from relay_tasks.adapters import TunerTask
     from relay_tasks.adapters.base import Measurement
