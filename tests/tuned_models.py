@@ -11,10 +11,14 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
+import pytest
 import tvm
 from tvm import relay
 
 TUNERS = ("meta_schedule", "autotvm", "ansor")
+#: Every tuner for a fault test that runs whole tunes (15-40 s a tuner): MetaSchedule in the
+#: default run, the others in the slow tier, so the default run stays under 15 minutes.
+TUNERS_ONE_FAST = (TUNERS[0], *(pytest.param(t, marks=pytest.mark.slow) for t in TUNERS[1:]))
 
 
 def tune_argv(tiny: tuple[Path, Path], tuner: str, work: Path, trials: int) -> list[str]:

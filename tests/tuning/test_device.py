@@ -15,7 +15,7 @@ from relay_tasks.host import check_runs_here, missing_features
 from relay_tasks.inputs import as_target
 from relay_tasks.tuning import device
 
-from tuned_models import TUNERS, tune_argv
+from tuned_models import TUNERS_ONE_FAST, tune_argv
 from zoo import HOST
 
 #: Targets each selecting an instruction set that some x86 CPUs lack: AMX is Intel's (Sapphire
@@ -155,11 +155,8 @@ def _wait_for(condition, seconds: float, child) -> None:
         time.sleep(0.25)
 
 
-@pytest.mark.parametrize(
-    "tuner",
-    # The watch is the supervisor's, the same for every tuner: AutoTVM and Ansor in the slow tier.
-    ["meta_schedule", *(pytest.param(t, marks=pytest.mark.slow) for t in ("autotvm", "ansor"))],
-)
+# The watch is the supervisor's, the same for every tuner.
+@pytest.mark.parametrize("tuner", TUNERS_ONE_FAST)
 def test_a_tune_goes_on_when_a_device_dies_and_ends_when_none_is_left(tuner, tiny, tmp_path):
     """Two servers under one key: one killed mid-tune, the tune measures on with the other;
     that one killed too, the tune ends within the measurement timeout plus a margin, in one
@@ -217,7 +214,7 @@ def test_devices_missing_for_less_than_the_grace_stop_nothing(monkeypatch) -> No
     assert watch.problem is None
 
 
-@pytest.mark.parametrize("tuner", TUNERS)
+@pytest.mark.parametrize("tuner", TUNERS_ONE_FAST)
 def test_a_server_that_stops_answering_fails_one_measurement_not_the_tune(tuner, tiny, tmp_path):
     """Two servers under one key, the first registered stopped (SIGSTOP: still registered, a
     connection accepted, never an answer): the session the tracker gives it fails after the

@@ -27,6 +27,7 @@ from relay_tasks.tuning.tune import file_tasks
 
 from tuned_models import (
     TUNERS,
+    TUNERS_ONE_FAST,
     raw_measurements,
     tiny_weight,
     tune_argv,
@@ -86,7 +87,7 @@ def test_tunes_of_two_models_share_a_work_dir_at_once(tiny, tmp_path, capsys) ->
     assert len((work / "database_workload.json").read_text().splitlines()) == 2
 
 
-@pytest.mark.parametrize("tuner", TUNERS)
+@pytest.mark.parametrize("tuner", TUNERS_ONE_FAST)
 def test_a_tune_stops_when_another_fills_its_budget(tuner, tiny, tuned, tmp_path) -> None:
     """Issue 52: two tunes of one model into one work dir each measured what was missing when
     it started. Here, while a tune of 80 runs, records "of another tune" bring the work dir to

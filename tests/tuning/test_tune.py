@@ -19,7 +19,14 @@ import pytest
 import relay_tasks
 from relay_tasks.cli import main
 
-from tuned_models import TUNERS, raw_measurements, tune_argv, valid_count, valid_count_or_zero
+from tuned_models import (
+    TUNERS,
+    TUNERS_ONE_FAST,
+    raw_measurements,
+    tune_argv,
+    valid_count,
+    valid_count_or_zero,
+)
 from zoo import load
 
 
@@ -160,7 +167,7 @@ def test_a_killed_tuner_process_is_named_with_what_was_kept(tiny, tmp_path: Path
     assert _worker_processes(work) == []
 
 
-@pytest.mark.parametrize("tuner", TUNERS)
+@pytest.mark.parametrize("tuner", TUNERS_ONE_FAST)
 def test_a_killed_builder_or_runner_child_fails_its_candidate_not_the_tune(
     tuner: str, tiny, tmp_path: Path
 ) -> None:
@@ -203,7 +210,7 @@ def _descends(pid: int, ancestor: int) -> bool:
     return False
 
 
-@pytest.mark.parametrize("tuner", TUNERS)
+@pytest.mark.parametrize("tuner", TUNERS_ONE_FAST)
 def test_a_time_budget_stops_the_tune_and_keeps_what_was_measured(
     tuner: str, tiny, tmp_path: Path
 ) -> None:
