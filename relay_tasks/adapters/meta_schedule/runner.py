@@ -114,18 +114,16 @@ START_TRIES = 3
 def _started(make: Callable[[], Any]) -> Any:
     """``make()``, again where the child its start check ran in died: that child measured no
     candidate, and the pool starts another for the next call."""
-    for _ in range(START_TRIES - 1):
+    for tried in range(1, START_TRIES + 1):
         try:
             return make()
-        except ChildProcessError:
-            continue
-    try:
-        return make()
-    except ChildProcessError as err:
-        raise ChildProcessError(
-            f"the child process MetaSchedule starts to check its builder or runner died "
-            f"{START_TRIES} times in a row (killed, or out of memory)"
-        ) from err
+        except ChildProcessError as err:
+            if tried == START_TRIES:
+                raise ChildProcessError(
+                    f"the child process MetaSchedule starts to check its builder or runner "
+                    f"died {START_TRIES} times in a row (killed, or out of memory)"
+                ) from err
+    raise AssertionError("START_TRIES is at least 1")
 
 
 def builder_of(runner: Runner) -> Any:
