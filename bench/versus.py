@@ -10,7 +10,9 @@ library, TVM's untuned build (TOPI's default schedules, opt_level 3), ONNX Runti
 provider on the same file (in the confined child that reads model files) and PyTorch eager
 on the same weights, with ``relay_tasks.tuning.compile.compare``: 20 repeats of at least
 50 ms each, taken in 5 rounds that time every side in turn, medians with the middle half.
-Every runtime uses all the cores this process may use. Outputs of the tuned builds and of
+Every runtime uses all the cores this process may use (TVM's builds through
+relay-tasks' parallel launch: hhb-tvm's own runs every loop on one core, see
+docs/how-it-works.md). Outputs of the tuned builds and of
 PyTorch are checked against ONNX Runtime's. The machine's limit: the FP32 GFLOP/s of a
 4096x4096 SGEMM in PyTorch's BLAS, measured in the same run; each row gives the model's
 GFLOP/s (its tasks' FLOPs, as ``status`` counts them) and its share of that peak.
@@ -149,9 +151,13 @@ def sgemm_peak(n: int = 4096) -> float:
 def timed(model: str, onnx: Path, libraries: dict[str, Path]) -> dict[str, Any]:
     """Runs in a child: every side timed in the same rounds; medians, middle halves, and
     each side's largest difference from ONNX Runtime's outputs."""
-    import tvm
+    ours = "GOMP_SPINCOUNT" not in os.environ  # relay-tasks sets it for its libgomp only
+    from relay_tasks import host_target, load_model  # first: TVM's loops then use every core
 
-    from relay_tasks import host_target, load_model
+    import tvm  # isort: skip
+
+    if ours:
+        os.environ.pop("GOMP_SPINCOUNT", None)  # PyTorch's own libgomp reads it at import
     from relay_tasks.tuning.compile import build_untuned, compare, max_difference, random_inputs
     from relay_tasks.tuning.versus import OnnxRuntime
 

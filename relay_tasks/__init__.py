@@ -10,9 +10,11 @@ import os as _os
 # AutoTVM would try to download TopHub configs during extraction; this machine has no internet.
 _os.environ.setdefault("TOPHUB_LOCATION", "NONE")
 
-# Both act when imported, in this order: _memoize before anything imports tvm.topi, then
-# _deferred imports tvm.relay (which imports tvm.topi) with its frontends deferred.
+# All three act when imported, in this order: _parallel before anything loads libtvm (whose
+# parallel launch is then ours, on every core), _memoize before anything imports tvm.topi,
+# then _deferred imports tvm.relay (which imports tvm.topi) with its frontends deferred.
 # isort: off
+from . import _parallel  # noqa: F401
 from . import _memoize  # noqa: F401
 from . import _deferred  # noqa: F401
 

@@ -13,16 +13,18 @@ implementation with TVM's naive schedule, left for the tuner (BERT-2's dense lay
 a model TOPI runs in 3.7), and the adapters' builds lower what no record covers as the build
 without the tuner does (:mod:`relay_tasks.adapters.untuned`), with the weights as constants.
 
-The latencies are kept in ``defaults.jsonl``, ``{"task": key, "seconds": s, "version": 4}`` a
+The latencies are kept in ``defaults.jsonl``, ``{"task": key, "seconds": s, "version": 5}`` a
 line, read back through :func:`read_defaults`'s allowlist. Lines of an earlier version were
 measured by an older relay-tasks (without a version: the naive schedules, or the weights as
 inputs, which TOPI's dense repacks on every run; version 2: AutoTVM's dense weights still as
-inputs; version 3: AutoTVM's convolution weights still as inputs): the next ``tune`` measures
-those tasks again, and until then they stand in, each named by :func:`stale_defaults`. A
-record timed alike is kept there too, ``{"task": key, "best": b, "seconds": s, "version": 4}``,
-``b`` the best latency its tuner measured for the task: a compile times a record once, and a
-work dir builds the same model the same way each time (where a record and the default are
-close, two timings disagree); one of an earlier version is timed again.
+inputs; version 3: AutoTVM's convolution weights still as inputs; version 4: on one
+core, as hhb-tvm's parallel launch ran every loop, see :mod:`relay_tasks._parallel`): the
+next ``tune`` measures those tasks again, and until then they stand in, each named by
+:func:`stale_defaults`. A record timed alike is kept there too,
+``{"task": key, "best": b, "seconds": s, "version": 5}``, ``b`` the best latency its tuner
+measured for the task: a compile times a record once, and a work dir builds the same model
+the same way each time (where a record and the default are close, two timings disagree); one
+of an earlier version is timed again.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ KEY = re.compile(r"[0-9a-f]{1,64}\Z")
 
 #: How the defaults are measured now (see the module's docstring), and the earlier versions
 #: whose lines stand in until measured again, as lines without a version do.
-VERSION, EARLIER = 4, (2, 3)
+VERSION, EARLIER = 5, (2, 3, 4)
 
 
 def read_defaults(work_dir: Path) -> dict[str, float]:

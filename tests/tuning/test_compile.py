@@ -296,7 +296,7 @@ def test_a_default_latency_is_a_key_and_seconds_or_a_damaged_record(line, tmp_pa
     assert read_defaults(tmp_path) == {"cd34": 0.5}
 
 
-@pytest.mark.parametrize("version", [{}, {"version": 2}, {"version": 3}])
+@pytest.mark.parametrize("version", [{}, {"version": 2}, {"version": 3}, {"version": 4}])
 def test_a_default_an_older_relay_tasks_measured_stands_in_until_tune_measures_it_again(
     version: dict[str, int], tuned: dict[str, Path], tiny, tmp_path
 ) -> None:
