@@ -141,7 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument(
         "--benchmark",
         action="store_true",
-        help="also build it untuned, run both and print their latencies",
+        help="also build it untuned, run both and print their latencies; where the "
+        "untuned build is faster beyond the spread of the repeats, write it instead",
     )
     build.add_argument(
         "--versus",
@@ -527,6 +528,11 @@ def _compile(args: argparse.Namespace) -> int:
         tuned, untuned, *rest = building.compare([factory, untuned_factory], inputs,
                                                  remote=remote, others=others)  # fmt: skip
         print(building.summary(tuned, untuned))
+        if building.slower(tuned, untuned):
+            building.export(untuned_factory, args.output)
+            print(f"relay-tasks: wrote the untuned build to {path} instead: the records' "
+                  "gains, each timed alone, did not hold in the model (a record's blocking "
+                  "can add layout conversions between tasks)", file=sys.stderr)  # fmt: skip
         for other, run in zip(others, rest, strict=True):
             print(building.versus(tuned, run, other.name))
     return 0

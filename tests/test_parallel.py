@@ -53,7 +53,7 @@ RUN = textwrap.dedent(
 def test_this_host_has_cores_to_share() -> None:
     # Every test below needs two: the machines this runs on have two cores or more.
     assert _parallel.physical_cores() >= 2
-    assert threads() == _parallel.physical_cores()
+    assert threads() >= 2  # TVM_NUM_THREADS, by default the physical cores
 
 
 def test_a_parallel_loop_runs_on_a_thread_per_core(who_ran: Path) -> None:

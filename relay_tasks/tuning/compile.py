@@ -327,10 +327,16 @@ def _timing(run: Run) -> str:
     return f"{run.seconds * 1e3:.4g} ms (middle half {middle}, {len(run.repeats)} repeats)"
 
 
+def slower(tuned: Run, untuned: Run) -> bool:
+    """Whether every repeat of the middle half of ``tuned`` took longer than every one of
+    ``untuned``'s: a difference the host's drift does not explain."""
+    return untuned.spread[1] < tuned.spread[0]
+
+
 def _verdict(tuned: Run, untuned: Run) -> str:
     if tuned.spread[1] < untuned.spread[0]:
         return f"tuned is {untuned.seconds / tuned.seconds:.2f}x faster"
-    if untuned.spread[1] < tuned.spread[0]:
+    if slower(tuned, untuned):
         return f"tuned is {tuned.seconds / untuned.seconds:.2f}x slower"
     return "no difference beyond the spread of the repeats"
 
