@@ -14,6 +14,7 @@ from tvm.ir import IRModule
 
 from ..errors import ModelError, describe_failure
 from .frontend import DTypes, Params, Shapes, convert, require, unknown_inputs
+from .matmul import dense_weights
 from .values import values_in_numpy
 
 
@@ -43,10 +44,19 @@ def load_onnx(
         return convert(
             path,
             "ONNX",
-            lambda: frontend.from_onnx(
-                model, shape=inputs, dtype=dict(dtypes or {}) or "float32", freeze_params=True
+            lambda: _dense(
+                frontend.from_onnx(
+                    model, shape=inputs, dtype=dict(dtypes or {}) or "float32", freeze_params=True
+                )
             ),
         )
+
+
+def _dense(converted: tuple[IRModule, Params]) -> tuple[IRModule, Params]:
+    """The frontend's module with its MatMuls by 2-D weights as dense layers (see
+    :mod:`.matmul`)."""
+    mod, params = converted
+    return dense_weights(mod), params
 
 
 def _tensors(graph: Any) -> Iterator[Any]:
