@@ -187,11 +187,15 @@ def _cli(arguments: list[str]) -> None:
 
 
 def _gflop(work: Path) -> float:
-    """The model's GFLOP per run: its tasks' FLOPs times their weights, as ``status`` counts."""
+    """The model's GFLOP per run: its tasks' FLOPs times their weights, as ``status`` counts
+    them, each function once (AutoTVM's alternative templates of one are one)."""
     out = subprocess.run([sys.executable, "-m", "relay_tasks.cli", "status", "--work-dir",
                           str(work), "--format", "json"], check=True, capture_output=True,
                          text=True).stdout  # fmt: skip
-    return sum(t["weight"] * t["gflop"] for t in json.loads(out)["tasks"])
+    functions: dict[str, float] = {}
+    for task in json.loads(out)["tasks"]:
+        functions.setdefault(task["alternatives_of"], task["weight"] * task["gflop"])
+    return sum(functions.values())
 
 
 def run_model(model: str, args: argparse.Namespace) -> dict[str, Any]:

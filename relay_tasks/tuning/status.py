@@ -59,8 +59,10 @@ def _built(now: Standing, record: TaskRecord) -> str | None:
 def status_document(now: Standing, flops: Sequence[float]) -> dict[str, Any]:
     """What :func:`format_status` shows, as JSON values for scripts: per task its numbers (times
     in milliseconds, None where not measured), which schedule a build takes for it (``"records"``,
-    ``"default"``, ``"alternative"``, or None when nothing is measured), and every failure cause
-    with its count; then the totals and the estimate."""
+    ``"default"``, ``"alternative"``, or None when nothing is measured), the key its tuner's
+    alternative templates of one function share (its own where it has none: a model's FLOPs
+    count each such group once), and every failure cause with its count; then the totals and
+    the estimate."""
     tasks = []
     for index, (record, flop) in enumerate(zip(now.tasks, flops, strict=True)):
         best, default = record.best, record.default
@@ -71,7 +73,8 @@ def status_document(now: Standing, flops: Sequence[float]) -> dict[str, Any]:
             "valid": record.valid, "failed": record.failed,
             "best_ms": None if best is None else best * 1e3,
             "default_ms": None if default is None else default * 1e3,
-            "built_with": built, "models": list(record.task.models),
+            "built_with": built, "alternatives_of": record.task.alternatives_of,
+            "models": list(record.task.models),
             "causes": [[cause, count] for cause, count in record.causes],
         })  # fmt: skip
     latency = now.latency

@@ -301,6 +301,7 @@ def test_status_as_json_for_scripts(tuner: str, tuned: dict[str, Path], capsys) 
     defaults = read_defaults(work)
     for task, entry in zip(document["tasks"], written["tasks"], strict=True):
         default = defaults[entry["group"] or entry["key"]]
+        assert task["alternatives_of"] == (entry["group"] or entry["key"])
         assert task["default_ms"] == pytest.approx(default * 1e3)
         assert task["built_with"] in ("records", "default", "alternative")
         if task["built_with"] == "records":
