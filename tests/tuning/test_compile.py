@@ -42,7 +42,12 @@ def test_compile_with_the_records(tuner: str, tuned: dict[str, Path], tiny, tmp_
     without = [t for t in chosen.tasks if t not in chosen.applied]
     folded = (f"relay-tasks: built {len(without)} function(s) without a record, as said above "
               f"(TVM's messages: {work / 'tune.log'})")  # fmt: skip
-    assert lines[1:] == ([folded] if without and tuner == "meta_schedule" else [])
+    # Where the tiny model's untuned build timed faster beyond the spread, it was written.
+    slower = "x slower" in out.splitlines()[1]
+    wrote = [line for line in lines[1:] if line.startswith("relay-tasks: wrote the untuned build")]
+    assert len(wrote) == slower
+    rest = [line for line in lines[1:] if line not in wrote]
+    assert rest == ([folded] if without and tuner == "meta_schedule" else [])
     assert out.splitlines()[0].endswith(f"{count}/{count} tasks tuned, library in {library}")
     assert re.fullmatch(BENCHMARK_LINE, out.splitlines()[1])
     # The exported library runs and computes what the untuned build computes.
