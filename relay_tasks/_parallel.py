@@ -51,8 +51,9 @@ def install() -> Path | None:
     warning says so, once, and code runs as hhb-tvm runs it, on one core)."""
     os.environ.setdefault("TVM_NUM_THREADS", str(physical_cores()))
     os.environ.setdefault("GOMP_SPINCOUNT", str(SPINS))
-    if _preloaded() is not None:
-        return _preloaded()
+    preloaded = _preloaded()
+    if preloaded is not None:
+        return preloaded
     if "tvm" in sys.modules:
         return None  # libtvm resolved its launch already; ours would only reach the children
     try:
