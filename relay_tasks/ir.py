@@ -10,7 +10,7 @@ import ctypes
 import sys
 import threading
 import types
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from typing import Any
 
@@ -366,3 +366,8 @@ def rebuild(node: Any, get: Callable[[Any], Any]) -> Any:
     if all(a.same_as(b) for a, b in zip(new, old, strict=True)):
         return node
     return with_children(node, new)
+
+
+def static_shape(shape: Sequence[Any]) -> bool:
+    """Whether every dimension of a Relay type's shape is a number (none is ``Any``)."""
+    return all(isinstance(d, int) or hasattr(d, "value") for d in shape)

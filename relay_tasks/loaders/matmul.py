@@ -21,6 +21,8 @@ from tvm import relay
 from tvm.ir import IRModule
 from tvm.relay.dataflow_pattern import DFPatternCallback, is_op, rewrite, wildcard
 
+from ..ir import static_shape
+
 
 class _Dense(DFPatternCallback):  # type: ignore[misc]
     """``batch_matmul(x, y)`` with neither operand transposed: a dense layer where ``y`` is a
@@ -39,7 +41,7 @@ class _Dense(DFPatternCallback):  # type: ignore[misc]
         data, other = node_map[self.data][0], node_map[self.other][0]
         shape = pre.checked_type.shape
         out_dtype = pre.attrs.out_dtype
-        if not _static(shape):
+        if not static_shape(shape):
             return post
         if isinstance(other, relay.Constant) and other.data.shape[0] == 1:
             weight = other.data.numpy()
@@ -49,10 +51,6 @@ class _Dense(DFPatternCallback):  # type: ignore[misc]
             return relay.reshape(product, [int(d) for d in shape])
         flipped = relay.transpose(other, [0, 2, 1])
         return relay.nn.batch_matmul(data, flipped, out_dtype=out_dtype, transpose_b=True)
-
-
-def _static(shape: Any) -> bool:
-    return all(isinstance(d, int) or hasattr(d, "value") for d in shape)
 
 
 def dense_weights(mod: IRModule) -> IRModule:
