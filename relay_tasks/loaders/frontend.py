@@ -15,6 +15,7 @@ from tvm.ir import IRModule
 
 from ..errors import DependencyError, ModelError
 from ..ir import diagnostic_text, diagnostics, patched
+from .fastmath import approximate_math
 from .subpixel import subpixel_convolutions
 
 Params = dict[str, tvm.nd.NDArray]
@@ -43,8 +44,9 @@ def convert(
     cause and what the user can change (the hint for an op the frontend cannot convert, or for
     any other failure, appended).
 
-    Transposed convolutions come back as convolutions (:mod:`.subpixel`): what every frontend
-    gives, TOPI runs several times slower.
+    Transposed convolutions come back as convolutions (:mod:`.subpixel`), and ``exp``,
+    ``erf``, ``tanh`` and softmax as TVM's approximations (:mod:`.fastmath`): what every
+    frontend gives there, TOPI runs several times slower.
 
     Frontends type-check what they build; where that fails, TVM reports through diagnostics and
     raises a generic "error diagnostics were emitted", so the diagnostics are what is shown.
@@ -62,7 +64,8 @@ def convert(
                 f"{source}: TVM's {frontend} frontend failed: {diagnostic_text(messages, err)}"
                 f"{failed_hint}"
             ) from err
-    return subpixel_convolutions(mod, dict(params.items()))
+    mod, kept = subpixel_convolutions(mod, dict(params.items()))
+    return approximate_math(mod), kept
 
 
 def relax_left_unimported() -> contextlib.AbstractContextManager[None]:

@@ -19,6 +19,7 @@ from tvm.relay.frontend import common
 
 from relay_tasks import load_model
 from relay_tasks.loaders import load_file, values
+from relay_tasks.loaders.fastmath import approximate_math
 from relay_tasks.loaders.matmul import dense_weights
 
 from frontend_models import onnx_file, torch_module
@@ -195,7 +196,8 @@ def test_a_conversion_is_the_frontends_own_and_builds_nothing(name: str, monkeyp
     ours, our_params = load_model(module, example_inputs=example)
     assert built == []
     assert filled == []
-    assert tvm.ir.structural_equal(ours, theirs, map_free_vars=True)
+    # exp, erf, tanh and softmax as TVM's approximations (relay_tasks.loaders.fastmath), no more.
+    assert tvm.ir.structural_equal(ours, approximate_math(theirs), map_free_vars=True)
     assert sorted(our_params) == sorted(their_params)
     for key, value in our_params.items():
         assert _same_bits(value.numpy(), their_params[key].numpy()), key
