@@ -58,6 +58,11 @@ class _Subpixel(DFPatternCallback):  # type: ignore[misc]
         sizes = [int(d) for d in in_shape[2:]]
         out = [int(d) for d in out_shape]
         weight = node_map[self.weight][0].data.numpy()
+        # A stride past the kernel leaves phases no tap reaches: their kernels would be zeros,
+        # as large as the stride squared allows (a crafted 1x1 kernel at stride 1000, a million
+        # times its own size), computing nothing.
+        if any(s > k for s, k in zip(strides, weight.shape[2:], strict=True)):
+            return post
         # Taps per phase along each axis (the kernel zero-padded to a multiple of the stride).
         taps = [-(-k // s) for k, s in zip(weight.shape[2:], strides, strict=True)]
         # Each phase's convolution covers size + taps - 1 positions; the output must fit in them

@@ -86,6 +86,8 @@ def test_a_transposed_convolution_is_its_phases_convolution_and_computes_the_sam
         {"dilation": (2, 2), "strides": (2, 2)},
         # An output_padding past the end padding: the phases do not reach the last row.
         {"strides": (2, 2), "output_padding": (1, 1)},
+        # A stride past the kernel: phases no tap reaches, a kernel of zeros the stride's size.
+        {"strides": (5, 1)},
     ],
 )
 def test_forms_the_rewrite_does_not_cover_stay_transposed_convolutions(
