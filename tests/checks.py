@@ -251,3 +251,15 @@ def fold_both(func: relay.Function, *, read: bool = True) -> tuple[tvm.IRModule,
         if read:
             fill_all()
         return ours, relay.transform.FoldConstant()(mod)
+
+
+def ops_called(mod: tvm.IRModule) -> list[str]:
+    """The operators main calls, in post order (what a rewrite of the loaders left)."""
+    names: list[str] = []
+
+    def visit(expr: object) -> None:
+        if isinstance(expr, relay.Call) and isinstance(expr.op, tvm.ir.Op):
+            names.append(expr.op.name)
+
+    relay.analysis.post_order_visit(mod["main"], visit)
+    return names

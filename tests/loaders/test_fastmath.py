@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
 import torch
@@ -15,16 +14,7 @@ import relay_tasks
 from relay_tasks import load_model
 from relay_tasks.loaders.fastmath import APPROXIMATIONS, approximate_math
 
-
-def _ops(mod: tvm.IRModule) -> list[str]:
-    names: list[str] = []
-
-    def visit(expr: Any) -> None:
-        if isinstance(expr, relay.Call) and isinstance(expr.op, tvm.ir.Op):
-            names.append(expr.op.name)
-
-    relay.analysis.post_order_visit(mod["main"], visit)
-    return names
+from checks import ops_called
 
 
 def _evaluate(mod: tvm.IRModule, *args: np.ndarray) -> np.ndarray:
@@ -40,7 +30,7 @@ def test_each_function_is_its_approximation_within_a_few_ulps() -> None:
         data = relay.var("x", shape=x.shape)
         mod = tvm.IRModule.from_expr(relay.Function([data], getattr(relay, op)(data)))
         fast = approximate_math(mod)
-        assert _ops(fast) == [APPROXIMATIONS[op]]
+        assert ops_called(fast) == [APPROXIMATIONS[op]]
         error = np.abs(_evaluate(fast, x) - expected)
         if op == "exp":
             error = error / expected
@@ -52,7 +42,7 @@ def test_softmax_keeps_its_axis_and_a_module_without_these_is_returned_as_it_is(
     data = relay.var("x", shape=x.shape)
     mod = tvm.IRModule.from_expr(relay.Function([data], relay.nn.softmax(data, axis=0)))
     fast = approximate_math(mod)
-    assert _ops(fast) == ["nn.fast_softmax"]
+    assert ops_called(fast) == ["nn.fast_softmax"]
     expected = np.exp(x) / np.exp(x).sum(axis=0)
     np.testing.assert_allclose(_evaluate(fast, x), expected, rtol=1e-6)
     plain = tvm.IRModule.from_expr(relay.Function([data], relay.nn.relu(data)))
@@ -65,8 +55,8 @@ def test_a_loaded_model_computes_with_the_approximations_what_torch_does() -> No
     with torch.no_grad():
         expected = model(x).numpy()
     mod, params = load_model(model, example_inputs=x)
-    assert {"fast_erf", "fast_tanh"} <= set(_ops(mod))
-    assert not {"erf", "tanh"} & set(_ops(mod))
+    assert {"fast_erf", "fast_tanh"} <= set(ops_called(mod))
+    assert not {"erf", "tanh"} & set(ops_called(mod))
     bound = relay.build_module.bind_params_by_name(mod["main"], params)
     got = _evaluate(tvm.IRModule.from_expr(bound), x.numpy())
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)

@@ -20,16 +20,7 @@ import relay_tasks
 from relay_tasks import load_model
 from relay_tasks.loaders.subpixel import subpixel_convolutions
 
-
-def _ops(mod: tvm.IRModule) -> list[str]:
-    names: list[str] = []
-
-    def visit(expr: Any) -> None:
-        if isinstance(expr, relay.Call) and isinstance(expr.op, tvm.ir.Op):
-            names.append(expr.op.name)
-
-    relay.analysis.post_order_visit(mod["main"], visit)
-    return names
+from checks import ops_called
 
 
 def _run(mod: tvm.IRModule, params: dict[str, Any], x: np.ndarray) -> np.ndarray:
@@ -72,8 +63,8 @@ def test_a_transposed_convolution_is_its_phases_convolution_and_computes_the_sam
         size, kernel, strides=strides, padding=padding, output_padding=output_padding
     )
     rewritten, params = subpixel_convolutions(mod, {})
-    assert "nn.conv2d_transpose" not in _ops(rewritten)
-    assert "nn.conv2d" in _ops(rewritten)
+    assert "nn.conv2d_transpose" not in ops_called(rewritten)
+    assert "nn.conv2d" in ops_called(rewritten)
     pads = padding if len(padding) == 4 else (*padding, *padding)
     expected = conv2d_transpose_nchw_python(x, w, strides, pads, output_padding)
     np.testing.assert_allclose(_run(rewritten, params, x), expected, rtol=1e-4, atol=1e-4)
@@ -115,12 +106,12 @@ def test_a_pytorch_kernel_leaves_the_params_for_the_module(tmp_path: Path) -> No
     with torch.no_grad():
         expected = generator(code).numpy()
     mod, params = load_model(generator, example_inputs=code)
-    assert "nn.conv2d_transpose" not in _ops(mod)
+    assert "nn.conv2d_transpose" not in ops_called(mod)
     assert sorted(params) == ["aten::_convolution_1.bias"]
     np.testing.assert_allclose(_run(mod, params, code.numpy()), expected, rtol=1e-4, atol=1e-5)
     path = tmp_path / "generator.onnx"
     with torch.no_grad():
         torch.onnx.export(generator, (code,), str(path), input_names=["code"])
     mod, params = load_model(path)
-    assert "nn.conv2d_transpose" not in _ops(mod)
+    assert "nn.conv2d_transpose" not in ops_called(mod)
     np.testing.assert_allclose(_run(mod, params, code.numpy()), expected, rtol=1e-4, atol=1e-5)
