@@ -16,6 +16,7 @@ padding gives the same tensor, summed over the same products. The same DCGAN the
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -25,6 +26,7 @@ from tvm.relay.build_module import bind_params_by_name
 from tvm.relay.dataflow_pattern import DFPatternCallback, is_constant, is_op, rewrite, wildcard
 
 from ..ir import static_shape
+from ..optimize.fold import constant_limit
 
 if TYPE_CHECKING:
     from .frontend import Params
@@ -70,6 +72,16 @@ class _Subpixel(DFPatternCallback):  # type: ignore[misc]
         if any(
             o + b > s * (n + t - 1)
             for o, b, s, n, t in zip(out[2:], before, strides, sizes, taps, strict=True)
+        ):
+            return post
+        # The phases' kernel is the transposed one zero-padded to a multiple of the stride, up
+        # to four times its bytes: no larger than a fold may make a constant (a tiny file can
+        # fold into a kernel just under that limit).
+        if (
+            weight.itemsize
+            * math.prod(weight.shape[:2])
+            * math.prod(t * s for t, s in zip(taps, strides, strict=True))
+            > constant_limit()
         ):
             return post
         kernel = _phase_kernel(weight, strides, taps)

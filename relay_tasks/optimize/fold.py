@@ -193,7 +193,7 @@ def bounded(op: str, ttype: Any, deferred: Deferred | None) -> None:
     """Refuse, before anything is allocated, a fold of ``op`` whose result would take more than
     :data:`MAX_CONSTANT`, or take the extraction's constants past :data:`MAX_CONSTANTS`."""
     size: int = _bytes(ttype)
-    one, total = _limit(*MAX_CONSTANT), _limit(*MAX_CONSTANTS)
+    one, total = constant_limit(), _limit(*MAX_CONSTANTS)
     spent = deferred.made_bytes if deferred is not None else 0
     if size > one or spent + size > total:
         shape = "x".join(str(int(d)) for d in ttype.shape) or "scalar"
@@ -209,6 +209,11 @@ def bounded(op: str, ttype: Any, deferred: Deferred | None) -> None:
         )
     if deferred is not None:
         deferred.made_bytes += size
+
+
+def constant_limit() -> int:
+    """The bytes one constant made from a model may take (:data:`MAX_CONSTANT`)."""
+    return _limit(*MAX_CONSTANT)
 
 
 def _sized(count: int) -> str:

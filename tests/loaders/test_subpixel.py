@@ -89,6 +89,18 @@ def test_forms_the_rewrite_does_not_cover_stay_transposed_convolutions(
     assert tvm.ir.structural_equal(rewritten, relay.transform.InferType()(mod))
 
 
+def test_a_phase_kernel_past_the_constant_limit_stays_a_transposed_convolution(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """3x3 at stride 2: the phases' kernel is 4x4, 1,920 bytes where the kernel takes 1,080."""
+    mod, _, _ = _transposed((5, 7), (3, 3), strides=(2, 2))
+    monkeypatch.setenv("RELAY_TASKS_MAX_CONSTANT_BYTES", "1500")
+    rewritten, _ = subpixel_convolutions(mod, {})
+    assert tvm.ir.structural_equal(rewritten, relay.transform.InferType()(mod))
+    monkeypatch.setenv("RELAY_TASKS_MAX_CONSTANT_BYTES", "1920")
+    assert "nn.conv2d_transpose" not in ops_called(subpixel_convolutions(mod, {})[0])
+
+
 def _generator() -> nn.Module:
     return nn.Sequential(
         nn.ConvTranspose2d(8, 6, 4, 1, 0, bias=False),
