@@ -226,6 +226,13 @@ def _model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--params", help="params file (relay.save_param_dict) for a Relay text model"
     )
+    parser.add_argument(
+        "--exact-math",
+        action="store_true",
+        help="keep a converted model's exp, erf, tanh and softmax exact (libm) instead of TVM's "
+        "approximations (within 3.3e-7, several times faster); the tasks differ, so give it to "
+        "tune and compile alike",
+    )
 
 
 def _tuner_options(parser: argparse.ArgumentParser) -> None:
@@ -332,7 +339,8 @@ def _loaded_models(args: argparse.Namespace, sources: Sequence[str]) -> list[tup
     for source, spec in zip(sources, specs, strict=True):
         shapes, dtypes = parse_shapes(spec) if spec else (None, None)
         mod, params = load_model(source, params=args.params, model_format=args.model_format,
-                                 shapes=shapes, dtypes=dtypes)  # fmt: skip
+                                 shapes=shapes, dtypes=dtypes,
+                                 exact_math=args.exact_math)  # fmt: skip
         models.append((source, mod, params))
     return models
 

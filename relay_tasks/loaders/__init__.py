@@ -15,6 +15,7 @@ from typing import Any
 from tvm.ir import IRModule
 
 from ..errors import ModelError, UsageError
+from .fastmath import approximate_math
 from .frontend import DTypes, Params, Shapes
 from .zoo import MODELS, load_zoo_model
 
@@ -39,6 +40,7 @@ def load_model(
     shapes: Shapes | None = None,
     dtypes: DTypes | None = None,
     example_inputs: Any = None,
+    exact_math: bool = False,
 ) -> tuple[IRModule, Params]:
     """Load a model by built-in name, from a file, or from a PyTorch module object.
 
@@ -59,11 +61,17 @@ def load_model(
         Input dtypes by name where they are not the model's own (PyTorch: not float32).
     example_inputs : torch.Tensor or tuple of torch.Tensor, optional
         What a PyTorch module is traced with (instead of zeros of ``shapes``).
+    exact_math : bool, default False
+        Keep a converted model's ``exp``, ``erf``, ``tanh`` and softmax as its frontend gives
+        them (libm's), instead of TVM's approximations (:mod:`.fastmath`). Built-in models and
+        Relay text are taken as they are either way. The tasks differ, so tune and compile a
+        model alike.
     """
     if not isinstance(source, (str, Path)):
         from .pytorch import load_torch_module
 
-        return load_torch_module(source, example_inputs, shapes=shapes, dtypes=dtypes)
+        mod, loaded = load_torch_module(source, example_inputs, shapes=shapes, dtypes=dtypes)
+        return _math(mod, exact_math), loaded
     text = str(source)
     kind = model_format or _guess_format(text)
     if kind not in FORMATS:
@@ -79,7 +87,14 @@ def load_model(
     path = Path(text)
     if not path.is_file():
         raise ModelError(f"{text}: no such file")
-    return load_file_confined(kind, path, params, shapes, dtypes)
+    mod, loaded = load_file_confined(kind, path, params, shapes, dtypes)
+    return _math(mod, exact_math or kind == "relay"), loaded
+
+
+def _math(mod: IRModule, exact: bool) -> IRModule:
+    """A converted model with TVM's approximations, unless asked for exact functions: TOPI's
+    ``erf`` calls libm per element (3.5 of BERT-2's 26 ms), its approximation does not."""
+    return mod if exact else approximate_math(mod)
 
 
 def load_file_confined(

@@ -15,7 +15,6 @@ from tvm.ir import IRModule
 
 from ..errors import DependencyError, ModelError
 from ..ir import diagnostic_text, diagnostics, patched
-from .fastmath import approximate_math
 from .subpixel import subpixel_convolutions
 
 Params = dict[str, tvm.nd.NDArray]
@@ -44,8 +43,7 @@ def convert(
     cause and what the user can change (the hint for an op the frontend cannot convert, or for
     any other failure, appended).
 
-    Transposed convolutions come back as convolutions (:mod:`.subpixel`), and ``exp``,
-    ``erf``, ``tanh`` and softmax as TVM's approximations (:mod:`.fastmath`): what every
+    Transposed convolutions come back as convolutions (:mod:`.subpixel`): what every
     frontend gives there, TOPI runs several times slower.
 
     Frontends type-check what they build; where that fails, TVM reports through diagnostics and
@@ -64,8 +62,7 @@ def convert(
                 f"{source}: TVM's {frontend} frontend failed: {diagnostic_text(messages, err)}"
                 f"{failed_hint}"
             ) from err
-    mod, kept = subpixel_convolutions(mod, dict(params.items()))
-    return approximate_math(mod), kept
+    return subpixel_convolutions(mod, dict(params.items()))
 
 
 def relax_left_unimported() -> contextlib.AbstractContextManager[None]:

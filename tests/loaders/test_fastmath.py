@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -12,6 +13,7 @@ from tvm import relay
 
 import relay_tasks
 from relay_tasks import load_model
+from relay_tasks.cli import main
 from relay_tasks.loaders.fastmath import APPROXIMATIONS, approximate_math
 
 from checks import ops_called
@@ -60,3 +62,22 @@ def test_a_loaded_model_computes_with_the_approximations_what_torch_does() -> No
     bound = relay.build_module.bind_params_by_name(mod["main"], params)
     got = _evaluate(tvm.IRModule.from_expr(bound), x.numpy())
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_exact_math_keeps_the_frontends_functions_in_the_api_and_the_cli(tmp_path, capsys) -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(), torch.nn.Softmax(-1))
+    x = torch.randn(4, 8)
+    mod, _ = load_model(model.eval(), example_inputs=x, exact_math=True)
+    assert {"erf", "nn.softmax"} <= set(ops_called(mod))
+    assert not {"fast_erf", "nn.fast_softmax"} & set(ops_called(mod))
+    path = tmp_path / "gelu.onnx"
+    with torch.no_grad():
+        torch.onnx.export(model, (x,), str(path), input_names=["x"])
+    names = {}
+    for flags in ([], ["--exact-math"]):
+        assert main(["extract", str(path), "--format", "json", *flags]) == 0
+        names[bool(flags)] = " ".join(
+            t["name"] for t in json.loads(capsys.readouterr().out)["tasks"]
+        )
+    assert "fast_erf" in names[False] and "fast_softmax" in names[False]
+    assert "fast" not in names[True] and "erf" in names[True] and "softmax" in names[True]
