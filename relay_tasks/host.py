@@ -8,6 +8,7 @@ select and the features this host has, so the mismatch is one line instead, befo
 
 from __future__ import annotations
 
+import functools
 import platform
 import re
 from typing import Any
@@ -88,3 +89,24 @@ def missing_features(target: Any) -> list[str]:
     host = {str(name): bool(has) for name, has in features.items()}
     wanted = {str(f) for f in codegen.llvm_get_cpu_features(target)}
     return sorted(f for f in wanted if host.get(f) is False and CHECKED_FEATURES.match(f))
+
+
+@functools.cache
+def _fma_peak(target_text: str) -> float | None:
+    import tvm
+    from tvm.utils.roofline.x86 import estimate_peak_fma_vector_flops
+
+    target = tvm.target.Target(target_text)
+    if target.kind.name != "llvm" or not str(target.attrs.get("mtriple", "")).startswith("x86"):
+        return None
+    try:
+        return float(estimate_peak_fma_vector_flops(target, tvm.cpu(), None, "float32"))
+    except Exception:  # a target TVM's roofline cannot size: weighing then goes without it
+        return None
+
+
+def fma_peak(target: Any) -> float | None:
+    """FLOP/s this CPU's FMA units sustain on every core, in float32 (TVM's roofline test,
+    about a second, once a process), for x86 targets run here; None elsewhere. What a task's
+    FLOPs can cost at best, so that a tune leaves tasks already there to the others."""
+    return _fma_peak(str(target))

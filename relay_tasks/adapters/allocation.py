@@ -10,6 +10,12 @@ score is its weighted latency so far over the rounds it has had, plus a part for
 best fell in its last rounds (the shape of upstream's gradient, without the warm-up round):
 measurements go where the latency is, and a task whose curve is flat yields to the others.
 A task of which nothing is known yet (no default, no valid record) is measured first.
+
+Where the machine's FMA peak is known, the latency a task is weighed by is what lies above
+its floor (its FLOPs at that peak): ResNet-18's convolutions run TOPI's defaults at the FMA
+limit, and a 10-minute tune gave them 352 of 480 measurements that all ended slower than
+those defaults, while the Winograd tasks beside them, 2.5x faster than the direct
+convolution at their best, got the rest.
 """
 
 from __future__ import annotations
@@ -40,6 +46,13 @@ class Share:
     best: float | None
     trials: int
     history: list[float] = field(default_factory=list)
+    #: The least latency the machine's FMA peak allows the task's FLOPs (0: not known).
+    floor: float = 0.0
+
+    def headroom(self, best: float) -> float:
+        """What of ``best`` lies above the floor; none at or below it (a peak measured a few
+        percent low on a busy machine puts tasks that run at the limit there)."""
+        return max(best - self.floor, 0.0)
 
 
 class Allocation:
@@ -51,18 +64,26 @@ class Allocation:
         tasks: Sequence[TunerTask],
         records: Records,
         defaults: Mapping[str, float],
+        flops: Sequence[float] = (),
+        peak: float | None = None,
     ) -> None:
+        """``flops`` per task and ``peak`` (FLOP/s of the measuring device's FMA units) give
+        each task its floor; without them every floor is 0."""
         self.groups = [task.alternatives_of for task in tasks]
         self.shares = []
         summed = as_tally(records)
-        for task in tasks:
+        counts = list(flops) or [0.0] * len(tasks)
+        for task, count in zip(tasks, counts, strict=True):
             mine = summed.of(task.key)
             known = [seconds for seconds, _, _ in mine.best[:1]]
             default = defaults.get(task.alternatives_of)
             if default is not None:
                 known.append(default)
             trials = mine.valid + mine.failed
-            self.shares.append(Share(float(task.weight), min(known, default=None), trials))
+            floor = count / peak if peak and count > 0 else 0.0
+            self.shares.append(
+                Share(float(task.weight), min(known, default=None), trials, floor=floor)
+            )
 
     def measured(self, index: int, seconds: float | None) -> None:
         """One measurement of task ``index``: its latency, or None where it failed."""
@@ -92,9 +113,9 @@ class Allocation:
             share.history.append(share.best)
 
     def score(self, index: int) -> float:
-        """Weighted latency per round had (rounds of ``ROUND`` measurements, records of
-        earlier tunes counted), plus ``ALPHA`` of the fall of the best over the last
-        ``WINDOW`` rounds; a task with no valid latency yet scores lowest."""
+        """Weighted latency above the floor per round had (rounds of ``ROUND`` measurements,
+        records of earlier tunes counted), plus ``ALPHA`` of the fall of the best over the
+        last ``WINDOW`` rounds; a task with no valid latency yet scores lowest."""
         share = self.shares[index]
         if share.best is None:
             return -math.inf
@@ -102,7 +123,7 @@ class Allocation:
         fall = 0.0
         if len(share.history) > WINDOW:
             fall = (share.history[-1 - WINDOW] - share.best) / WINDOW
-        return share.weight * ((1 - ALPHA) * share.best / rounds + ALPHA * fall)
+        return share.weight * ((1 - ALPHA) * share.headroom(share.best) / rounds + ALPHA * fall)
 
     def expected(self, budget: int) -> list[int]:
         """Measurements each task may expect of ``budget`` (at least one): what sizes its

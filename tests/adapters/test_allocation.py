@@ -47,6 +47,31 @@ def test_weight_multiplies_a_tasks_latency() -> None:
     assert allocation.pick([0, 1]) == 1
 
 
+def test_rounds_go_to_latency_above_the_fma_floor_where_the_peak_is_known() -> None:
+    """ResNet-18's stage-2 convolutions as a 10-minute tune saw them (230 GFLOP/s peak): the
+    direct one near its floor yields to the Winograd one with more above it, though its own
+    latency is the larger; without the peak, the larger latency goes first."""
+    tasks = [_task("direct", weight=2), _task("winograd", weight=2)]
+    defaults = {"direct": 1.14e-3, "winograd": 0.86e-3}
+    counts = [0.2318e9, 0.0933e9]
+    assert Allocation(tasks, [], defaults).pick([0, 1]) == 0
+    weighed = Allocation(tasks, [], defaults, counts, peak=230e9)
+    assert [round(s.floor * 1e3, 3) for s in weighed.shares] == [1.008, 0.406]
+    picked = _rounds(weighed, [0, 1], 6)
+    assert picked[:3] == [1, 1, 1] and picked.count(1) == 5  # 0.454 ms above its floor, 0.132 ms
+
+
+def test_a_task_at_its_floor_waits_and_one_without_a_flop_count_is_weighed_whole() -> None:
+    """At or below the floor (a peak measured low) nothing is left to gain; a task whose FLOPs
+    are not known (a layout transform) keeps its latency whole."""
+    allocation = Allocation([_task("a"), _task("b")], [], {"a": 1e-3, "b": 0.1e-3},
+                            [0.11e9, 0.0], peak=100e9)  # fmt: skip
+    assert allocation.shares[0].floor == pytest.approx(1.1e-3)
+    assert allocation.score(0) == 0.0
+    assert allocation.score(1) == pytest.approx((1 - 0.2) * 0.1e-3)
+    assert allocation.pick([0, 1]) == 1
+
+
 def test_a_task_of_which_nothing_is_known_is_measured_first() -> None:
     tasks = [_task("big"), _task("unknown"), _task("also")]
     allocation = Allocation(tasks, [], {"big": 1.0})

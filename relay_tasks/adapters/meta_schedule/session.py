@@ -16,6 +16,7 @@ import tvm
 from tvm import meta_schedule as ms
 from tvm.target import Target
 
+from ...host import fma_peak
 from ..allocation import Allocation
 from ..base import (
     Runner,
@@ -46,7 +47,8 @@ def tune(
     """``ms.tune_tasks`` into a JSON database in ``work_dir`` until it holds ``trials`` valid
     measurements, each round to the task whose part of the estimated latency it is likeliest to
     cut (:mod:`.allocation`; ``defaults`` are the default schedules' latencies, by
-    ``alternatives_of``).
+    ``alternatives_of``; measured here, each task's FLOPs at this CPU's FMA peak are its
+    floor).
 
     Until the cost model has learnt from ``WARMUP`` measurements it scores candidates at
     random, and an evolutionary search on random scores is random sampling at many times the
@@ -65,7 +67,8 @@ def tune(
         return
     full = filled(read, FILES, work_dir, keys, trials)
     session = _Session(tasks, _with_num_cores(target), work_dir, runner, full)
-    allocation = Allocation(tasks, records, defaults)
+    peak = None if runner.tracker else fma_peak(target)
+    allocation = Allocation(tasks, records, defaults, [flops(t.native) for t in tasks], peak)
     warm = min(budget, max(0, WARMUP - session.learn(teachers())))
     if warm:
         session.phase(allocation, warm, _round(warm, WARM_BATCH), _replay, records)
