@@ -46,13 +46,8 @@ class Share:
     best: float | None
     trials: int
     history: list[float] = field(default_factory=list)
-    #: The least latency the machine's FMA peak allows the task's FLOPs (0: not known).
-    floor: float = 0.0
-
-    def headroom(self, best: float) -> float:
-        """What of ``best`` lies above the floor; none at or below it (a peak measured a few
-        percent low on a busy machine puts tasks that run at the limit there)."""
-        return max(best - self.floor, 0.0)
+    #: FLOPs a call (0: not counted); at the machine's peak, the least the task can take.
+    flops: float = 0.0
 
 
 class Allocation:
@@ -69,6 +64,7 @@ class Allocation:
     ) -> None:
         """``flops`` per task and ``peak`` (FLOP/s of the measuring device's FMA units) give
         each task its floor; without them every floor is 0."""
+        self.peak = peak or 0.0
         self.groups = [task.alternatives_of for task in tasks]
         self.shares = []
         summed = as_tally(records)
@@ -80,9 +76,8 @@ class Allocation:
             if default is not None:
                 known.append(default)
             trials = mine.valid + mine.failed
-            floor = count / peak if peak and count > 0 else 0.0
             self.shares.append(
-                Share(float(task.weight), min(known, default=None), trials, floor=floor)
+                Share(float(task.weight), min(known, default=None), trials, flops=max(count, 0.0))
             )
 
     def measured(self, index: int, seconds: float | None) -> None:
@@ -100,11 +95,22 @@ class Allocation:
         unknown = [i for i in alive if self.shares[i].best is None and self.shares[i].trials == 0]
         if unknown:
             return unknown[0]
-        scores = [self.score(i) for i in alive]
+        rate = self.rate()
+        # Equal scores above the floors (every task left at its floor) go by latency.
+        scores = [(self.score(i, rate), self.score(i)) for i in alive]
         best = max(scores)
-        if best == -math.inf:
+        if best[0] == -math.inf:
             return None  # every task left failed every measurement: nothing to weigh
         return alive[scores.index(best)]
+
+    def rate(self) -> float:
+        """FLOP/s no task can beat (0 without a peak): the peak, or the fastest rate a task has
+        run at where that is faster. A peak measured while another tune ran can be half the
+        machine's, and floors above every task would leave nothing to weigh them by."""
+        if not self.peak:
+            return 0.0
+        shown = [s.flops / s.best for s in self.shares if s.flops and s.best]
+        return max([self.peak, *shown])
 
     def round_done(self, index: int) -> None:
         """Close task ``index``'s round: its best now is a point of its curve."""
@@ -112,10 +118,11 @@ class Allocation:
         if share.best is not None:
             share.history.append(share.best)
 
-    def score(self, index: int) -> float:
-        """Weighted latency above the floor per round had (rounds of ``ROUND`` measurements,
-        records of earlier tunes counted), plus ``ALPHA`` of the fall of the best over the
-        last ``WINDOW`` rounds; a task with no valid latency yet scores lowest."""
+    def score(self, index: int, rate: float = 0.0) -> float:
+        """Weighted latency above the task's floor (its FLOPs at ``rate``; none without) per
+        round had (rounds of ``ROUND`` measurements, records of earlier tunes counted), plus
+        ``ALPHA`` of the fall of the best over the last ``WINDOW`` rounds; a task with no valid
+        latency yet scores lowest."""
         share = self.shares[index]
         if share.best is None:
             return -math.inf
@@ -123,7 +130,8 @@ class Allocation:
         fall = 0.0
         if len(share.history) > WINDOW:
             fall = (share.history[-1 - WINDOW] - share.best) / WINDOW
-        return share.weight * ((1 - ALPHA) * share.headroom(share.best) / rounds + ALPHA * fall)
+        above = share.best - share.flops / rate if rate else share.best
+        return share.weight * ((1 - ALPHA) * max(above, 0.0) / rounds + ALPHA * fall)
 
     def expected(self, budget: int) -> list[int]:
         """Measurements each task may expect of ``budget`` (at least one): what sizes its
