@@ -12,10 +12,10 @@ measurements go where the latency is, and a task whose curve is flat yields to t
 A task of which nothing is known yet (no default, no valid record) is measured first.
 
 Where the machine's FMA peak is known, the latency a task is weighed by is what lies above
-its floor (its FLOPs at that peak): ResNet-18's convolutions run TOPI's defaults at the FMA
-limit, and a 10-minute tune gave them 352 of 480 measurements that all ended slower than
-those defaults, while the Winograd tasks beside them, 2.5x faster than the direct
-convolution at their best, got the rest.
+its floor (its FLOPs at that peak). TOPI's defaults run BERT-12's dense layers at the FMA
+limit, and weighed by latency alone they took 1,281 of a 10-minute tune's 1,410
+measurements for 1-4%, while its GELU, 0.29 ms by default and 0.07 after one measurement,
+got that one.
 """
 
 from __future__ import annotations
