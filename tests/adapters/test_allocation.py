@@ -56,7 +56,6 @@ def test_rounds_go_to_latency_above_the_fma_floor_where_the_peak_is_known() -> N
     counts = [0.2318e9, 0.0933e9]
     assert Allocation(tasks, [], defaults).pick([0, 1]) == 0
     weighed = Allocation(tasks, [], defaults, counts, peak=230e9)
-    assert weighed.rate() == 230e9
     assert weighed.score(0, 230e9) == pytest.approx(2 * 0.8 * (1.14e-3 - 0.2318e9 / 230e9))
     picked = _rounds(weighed, [0, 1], 6)
     assert picked[:3] == [1, 1, 1] and picked.count(1) == 5  # 0.454 ms above its floor, 0.132 ms
@@ -66,21 +65,21 @@ def test_a_task_at_its_floor_waits_and_one_without_a_flop_count_is_weighed_whole
     tasks = [_task("dense"), _task("transform")]
     allocation = Allocation(tasks, [], {"dense": 1e-3, "transform": 0.1e-3}, [0.1e9, 0.0],
                             peak=100e9)  # fmt: skip
-    assert allocation.score(0, allocation.rate()) == 0.0
-    assert allocation.score(1, allocation.rate()) == pytest.approx(0.8 * 0.1e-3)
+    assert allocation.score(0, 100e9) == 0.0
+    assert allocation.score(1, 100e9) == pytest.approx(0.8 * 0.1e-3)
     assert allocation.pick([0, 1]) == 1
 
 
-def test_a_peak_measured_low_is_raised_to_the_fastest_task_and_ties_go_by_latency() -> None:
-    """Measured while another tune ran, the peak can be half the machine's: the fastest task
-    shows what the machine does, and where every task left is at its floor the latency
-    decides (not the order of the tasks)."""
+def test_a_peak_measured_low_leaves_every_task_at_its_floor_and_ties_go_by_latency() -> None:
+    """Measured while another tune ran, the peak can read half the machine's: floors above
+    every task then weigh nothing, and the latency decides (not the order of the tasks); a
+    task measured faster than the peak stays at its floor, not below it."""
     tasks = [_task("a"), _task("b"), _task("c", weight=2)]
-    defaults = {"a": 1.0e-3, "b": 1.2e-3, "c": 1.0e-3}
+    defaults = {"a": 1.0e-3, "b": 1.2e-3, "c": 0.6e-3}
     allocation = Allocation(tasks, [], defaults, [0.23e9, 0.23e9, 0.23e9], peak=115e9)
-    assert allocation.rate() == pytest.approx(230e9)
-    assert allocation.pick([0, 1, 2]) == 1  # 0.2 ms above its floor; a and c are at theirs
-    assert allocation.pick([0, 2]) == 2  # both at their floors: c's weighted latency is larger
+    assert [allocation.score(i, 115e9) for i in range(3)] == [0.0, 0.0, 0.0]
+    assert allocation.pick([0, 1, 2]) == 1  # 1.2 ms: the largest weighted latency
+    assert allocation.pick([0, 2]) == 2  # 2 x 0.6 ms against a's 1.0
 
 
 def test_a_task_of_which_nothing_is_known_is_measured_first() -> None:
