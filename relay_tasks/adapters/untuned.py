@@ -173,9 +173,17 @@ def _lower_call(call: relay.Call, inputs: Any, target: Any, otype: Any = None) -
 tvm.register_func("relay.backend.lower_call", _lower_call, override=True)
 
 
+#: Operators x86's strategies implement for the tuners only (without them, choosing an
+#: implementation raises): lowered with the tuner's naive schedule where no record covers them.
+TUNER_ONLY = frozenset({"nn.contrib_conv2d_winograd_without_weight_transform"})
+
+
 def _kept_for_the_tuner(call: relay.Call, current: _Untuned) -> bool:
-    """A call a record covers, or one whose weight a record's layout rewrite changed (its
-    signature is the model's, its later arguments' types are not)."""
+    """A call a record covers, one whose weight a record's layout rewrite changed (its
+    signature is the model's, its later arguments' types are not), or one of
+    :data:`TUNER_ONLY`."""
+    if call.op.name in TUNER_ONLY:
+        return True
     key = signature(call)
     if key in current.covered:
         return True

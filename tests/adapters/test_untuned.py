@@ -259,3 +259,35 @@ def test_a_call_whose_weight_a_record_rewrote_keeps_the_tuners_lowering(tmp_path
     np.testing.assert_allclose(
         compare([library], inputs, repeat=1)[0].outputs[0], expected, rtol=1e-4, atol=1e-5
     )
+
+
+@pytest.mark.parametrize("tuner", ["ansor", "meta_schedule"])
+def test_a_winograd_convolution_no_record_covers_keeps_the_tuners_schedule(
+    tuner: str, tmp_path: Path
+) -> None:
+    """Under either tuner, x86 makes an NHWC 3x3 convolution of 64 < channels < 512 (a
+    TFLite ResNet's) a Winograd one, which it implements for the tuners only: without a
+    record, its call stays with the tuner's naive schedule (the build without the tuner's
+    choice raised "Both AutoScheduler and MetaSchedule are not enabled"), and it computes
+    what the convolution does."""
+    rng = np.random.default_rng(2)
+    kernel = rng.standard_normal((3, 3, 128, 128)).astype("float32") / 30
+    x = relay.var("x", shape=(1, 8, 8, 128))
+    conv = relay.nn.conv2d(x, relay.const(kernel), padding=(1, 1), channels=128,
+                           kernel_size=(3, 3), data_layout="NHWC", kernel_layout="HWIO")  # fmt: skip
+    mod = tvm.IRModule.from_expr(relay.Function([x], conv))
+    adapter = get_adapter(tuner)
+    tasks = adapter.extract(mod, host_target(), {})
+    assert ["winograd" in t.name for t in tasks] == [True]
+    library = adapter.build(mod, host_target(), {}, tmp_path, [], tasks)
+    data = rng.standard_normal((1, 8, 8, 128)).astype("float32")
+    graph = graph_executor.GraphModule(library["default"](tvm.cpu(0)))
+    graph.set_input("x", data)
+    graph.run()
+    with tvm.transform.PassContext(opt_level=0):
+        plain = relay.build(mod, target=host_target())
+    reference = graph_executor.GraphModule(plain["default"](tvm.cpu(0)))
+    reference.set_input("x", data)
+    reference.run()
+    np.testing.assert_allclose(graph.get_output(0).numpy(), reference.get_output(0).numpy(),
+                               rtol=1e-4, atol=1e-4)  # fmt: skip
