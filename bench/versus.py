@@ -186,12 +186,13 @@ def _cli(arguments: list[str]) -> None:
     subprocess.run([sys.executable, "-m", "relay_tasks.cli", *arguments], check=True)
 
 
-def _gflop(work: Path) -> float:
+def _gflop(work: Path, onnx: Path) -> float:
     """The model's GFLOP per run: its tasks' FLOPs times their weights, as ``status`` counts
-    them, each function once (AutoTVM's alternative templates of one are one)."""
-    out = subprocess.run([sys.executable, "-m", "relay_tasks.cli", "status", "--work-dir",
-                          str(work), "--format", "json"], check=True, capture_output=True,
-                         text=True).stdout  # fmt: skip
+    them, each function once (AutoTVM's alternative templates of one are one); the model as
+    loaded, so that a Winograd build's rate counts the direct convolutions' FLOPs."""
+    out = subprocess.run([sys.executable, "-m", "relay_tasks.cli", "status", str(onnx),
+                          "--work-dir", str(work), "--format", "json"], check=True,
+                         capture_output=True, text=True).stdout  # fmt: skip
     functions: dict[str, float] = {}
     for task in json.loads(out)["tasks"]:
         functions.setdefault(task["alternatives_of"], task["weight"] * task["gflop"])
@@ -200,15 +201,17 @@ def _gflop(work: Path) -> float:
 
 def run_model(model: str, args: argparse.Namespace) -> dict[str, Any]:
     onnx = exported(model, args.out)
-    work = args.out / f"{model}-{args.tuner}"
+    flags = ["--winograd"] if args.winograd else []
+    variant = "-".join([args.tuner, *(f[2:] for f in flags)])
+    work = args.out / f"{model}-{variant}"
     libraries: dict[str, Path] = {}
     spent = 0.0
     for minutes in sorted(args.minutes):
-        library = args.out / f"{model}-{args.tuner}-{minutes:g}min.so"
+        library = args.out / f"{model}-{variant}-{minutes:g}min.so"
         if not library.exists():
             _cli(["tune", str(onnx), "--tuner", args.tuner, "--work-dir", str(work),
-                  "--time", f"{(minutes - spent) * 60:.0f}"])  # fmt: skip
-            _cli(["compile", str(onnx), "--work-dir", str(work), "-o", str(library)])
+                  "--time", f"{(minutes - spent) * 60:.0f}", *flags])  # fmt: skip
+            _cli(["compile", str(onnx), "--work-dir", str(work), "-o", str(library), *flags])
         libraries[f"tuned {minutes:g} min"] = library
         spent = minutes
     with tempfile.NamedTemporaryFile(suffix=".json") as answer:
@@ -216,7 +219,7 @@ def run_model(model: str, args: argparse.Namespace) -> dict[str, Any]:
                    json.dumps({k: str(v) for k, v in libraries.items()})]  # fmt: skip
         subprocess.run(command, check=True)
         result = json.loads(Path(answer.name).read_text())
-    result["gflop"] = _gflop(work)
+    result["gflop"] = _gflop(work, onnx)
     return result
 
 
@@ -259,6 +262,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--minutes", nargs="+", type=float, default=[10, 30, 60])
     parser.add_argument("--tuner", default="meta_schedule",
                         choices=["meta_schedule", "autotvm", "ansor"])  # fmt: skip
+    parser.add_argument(
+        "--winograd",
+        action="store_true",
+        help="tune and compile with --winograd (MetaSchedule and Ansor)",
+    )
     parser.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "versus-bench")
     parser.add_argument("--plot", type=Path)
     return parser

@@ -43,6 +43,7 @@ from .errors import (
 from .export import load_tasks
 from .inputs import host_target
 from .loaders import load_model
+from .loaders.winograd import winograd_convolutions
 from .lowering.extract import Task, extract_tasks
 from .tuning import tune
 
@@ -73,4 +74,5 @@ __all__ = [
     "meta_schedule",
     "tune",
     "uninstall",
+    "winograd_convolutions",
 ]

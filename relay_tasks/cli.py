@@ -29,6 +29,7 @@ from .errors import (
     UsageError,
 )
 from .loaders import FORMATS
+from .loaders.winograd import TUNERS as WINOGRAD_TUNERS
 from .loaders.zoo import DEFAULT_MODEL, MODELS
 from .table import aligned
 
@@ -233,6 +234,13 @@ def _model_options(parser: argparse.ArgumentParser) -> None:
         "approximations (within 3.3e-7, several times faster); the tasks differ, so give it to "
         "tune and compile alike",
     )
+    parser.add_argument(
+        "--winograd",
+        action="store_true",
+        help="MetaSchedule and Ansor: compute 3x3 stride-1 convolutions as Winograd F(4x4,3x3) "
+        "in NHWC, a quarter of the multiplies (TOPI has no other schedule for them: tune before "
+        "compiling); the tasks differ, so give it to tune and compile alike",
+    )
 
 
 def _tuner_options(parser: argparse.ArgumentParser) -> None:
@@ -349,10 +357,26 @@ def _tasks_of_models(args: argparse.Namespace, sources: Sequence[str]) -> list[T
     return _tasks_of(args, _loaded_models(args, sources))
 
 
+def _as_tuned(args: argparse.Namespace, tuner: str, models: Sequence[Any]) -> list[Any]:
+    """The models as ``tuner`` tunes them: with ``--winograd``, their 3x3 stride-1
+    convolutions as Winograd ones."""
+    if not args.winograd:
+        return list(models)
+    if tuner not in WINOGRAD_TUNERS:
+        raise UsageError(
+            f"--winograd applies to --tuner {' or '.join(WINOGRAD_TUNERS)}: TVM schedules "
+            f"Winograd convolutions on CPUs for them only, not for {tuner}"
+        )
+    from .loaders.winograd import winograd_convolutions
+
+    return [(source, *winograd_convolutions(mod, params)) for source, mod, params in models]
+
+
 def _tasks_of(args: argparse.Namespace, models: Sequence[Any]) -> list[TunerTask]:
     from .api import extract_models
 
-    return extract_models(models, _target(args), tuner=args.tuner, **_options(args))
+    tuned = _as_tuned(args, args.tuner, models)
+    return extract_models(tuned, _target(args), tuner=args.tuner, **_options(args))
 
 
 def _extract(args: argparse.Namespace) -> int:
@@ -466,7 +490,7 @@ def _status_verb(args: argparse.Namespace) -> int:
     tuned = tasks_in(folder)
     adapter = get_adapter(tuned.tuner)
     if args.models:
-        models = _loaded_models(args, args.models)
+        models = _as_tuned(args, tuned.tuner, _loaded_models(args, args.models))
         tasks = extract_models(models, tuned.target, tuner=adapter)
     else:
         tasks = tuned.tasks
@@ -496,7 +520,7 @@ def _compile(args: argparse.Namespace) -> int:
     from .host import check_runs_here
     from .tuning import compile as building
     from .tuning.logs import set_aside_cut_lines
-    from .tuning.tune import parse_tracker
+    from .tuning.tune import parse_tracker, tuned_for
 
     tracker = parse_tracker(args.rpc_tracker, args.rpc_key)
     if tracker and not args.benchmark:
@@ -508,7 +532,8 @@ def _compile(args: argparse.Namespace) -> int:
 
         check_versus(args.versus, args.models[0], remote=bool(tracker))
     building.check_output(args.output)
-    ((source, mod, params),) = _loaded_models(args, args.models)
+    ((source, plain, plain_params),) = models = _loaded_models(args, args.models)
+    ((_, mod, params),) = _as_tuned(args, tuned_for(args.work_dir).tuner, models)
     chosen = building.plan(mod, params, args.work_dir)
     if args.benchmark and not tracker:
         check_runs_here(chosen.target, doing="benchmark")
@@ -526,8 +551,8 @@ def _compile(args: argparse.Namespace) -> int:
     print(f"{source}: {len(chosen.tuned)}/{len(chosen.tasks)} tasks tuned, library in {path}")
     if args.benchmark:
         remote = _remote(tracker, args.rpc_key) if tracker else None
-        inputs = building.random_inputs(mod, params)
-        untuned_factory = building.build_untuned(mod, params, chosen.target)
+        inputs = building.random_inputs(plain, plain_params)
+        untuned_factory = building.build_untuned(plain, plain_params, chosen.target)
         others = []
         if args.versus:
             from .tuning.versus import OnnxRuntime

@@ -22,6 +22,7 @@ from ..adapters.index import tally_in
 from ..adapters.journal import open_appending
 from ..adapters.verify import runs_here, seeded_values
 from ..errors import ModelError, TuningError, UsageError, describe_failure
+from ..loaders.winograd import winograd_tasks
 from .defaults import read_alike, read_defaults, record_seconds, stale_defaults
 from .records import TaskRecord, standing
 from .tune import LOG_FILE, tuned_for
@@ -89,6 +90,8 @@ def uncovered(source: str, chosen: Plan, work_dir: str | Path) -> str:
     tuned = tuned_for(work_dir)
     ways = (f"tune {source} there first (relay-tasks tune {source} --work-dir {work_dir}), or "
             "pass --untuned to build it with TVM's default schedules")  # fmt: skip
+    if winograd_tasks(tuned.tasks) and not winograd_tasks(chosen.tasks):
+        ways = "its records are of Winograd convolutions: give --winograd, as to tune; or " + ways
     if source in tuned.models:
         return (
             f"{work_dir} holds no valid record of {source}'s {len(chosen.tasks)} tasks yet; {ways}"

@@ -1,0 +1,159 @@
+"""3x3 stride-1 convolutions become NHWC Winograd convolutions computing the same (ResNet-18's
+direct ones already run at the FMA limit, so only fewer multiplies make them faster); every
+other convolution stays as it was, and the CLI tunes and compiles the rewritten model while it
+times the model as loaded against it."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tvm
+from tvm import meta_schedule as ms
+from tvm import relay
+from tvm.contrib import graph_executor
+
+import relay_tasks
+from relay_tasks.cli import main
+from relay_tasks.loaders.winograd import winograd_convolutions
+
+from checks import ops_called
+
+RNG = np.random.default_rng(5)
+WINOGRAD = "nn.contrib_conv2d_winograd_without_weight_transform"
+
+
+def _weight(*shape: int) -> np.ndarray:
+    return RNG.standard_normal(shape).astype("float32")
+
+
+def _run(mod: tvm.IRModule, params: dict[str, Any], x: np.ndarray, *, meta: bool) -> np.ndarray:
+    """The model's output on this CPU; ``meta`` builds as MetaSchedule's compile does (with no
+    record, TOPI's default schedules), which Winograd convolutions need, the rest unoptimised
+    (x86's layout alteration refuses a convolution without channels and kernel size)."""
+    config = {"relay.backend.use_meta_schedule": True} if meta else {}
+    level = 3 if meta else 0
+    with ms.database.MemoryDatabase(), tvm.transform.PassContext(level, config=config):
+        lib = relay.build(mod, target=relay_tasks.host_target(), params=params)
+    graph = graph_executor.GraphModule(lib["default"](tvm.cpu()))
+    graph.set_input("x", x)
+    graph.run()
+    return graph.get_output(0).numpy()
+
+
+def _mixed() -> tuple[tvm.IRModule, dict[str, Any]]:
+    """Two convolutions that fit (one kernel a param, one a constant, uneven padding) among
+    four that do not: stride 2, 1x1, grouped, dilated."""
+    x = relay.var("x", shape=(1, 8, 12, 12))
+    w = relay.var("w", shape=(16, 8, 3, 3))
+    y = relay.nn.relu(relay.nn.conv2d(x, w, padding=(1, 1), channels=16, kernel_size=(3, 3)))
+    y = relay.nn.conv2d(y, relay.const(_weight(16, 16, 3, 3)), strides=(2, 2), padding=(1, 1))
+    y = relay.nn.conv2d(y, relay.const(_weight(12, 16, 1, 1)), kernel_size=(1, 1))
+    y = relay.nn.conv2d(y, relay.const(_weight(12, 3, 3, 3)), padding=(1, 1), groups=4)
+    y = relay.nn.conv2d(y, relay.const(_weight(12, 12, 3, 3)), padding=(2, 2), dilation=(2, 2))
+    y = relay.nn.conv2d(y, relay.const(_weight(20, 12, 3, 3)), padding=(0, 1, 2, 1))
+    y = relay.add(y, relay.const(_weight(20, 1, 1)))
+    params = {"w": tvm.nd.array(_weight(16, 8, 3, 3))}
+    return tvm.IRModule.from_expr(relay.Function([x, w], y)), params
+
+
+def test_convolutions_that_fit_become_winograd_ones_and_compute_the_same() -> None:
+    mod, params = _mixed()
+    x = RNG.standard_normal((1, 8, 12, 12)).astype("float32")
+    expected = _run(mod, params, x, meta=False)
+    rewritten, left = winograd_convolutions(mod, params)
+    called = ops_called(rewritten)
+    assert called.count(WINOGRAD) == 2 and called.count("nn.conv2d") == 4
+    assert left == {}  # the param kernel was taken in, transformed
+    got = _run(rewritten, left, x, meta=True)  # six convolutions deep, |y| in the thousands
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5 * np.abs(expected).max())
+
+
+def _nhwc(height: int, width: int, kernel: tuple[int, int] = (3, 3)) -> tvm.IRModule:
+    x = relay.var("x", shape=(1, height, width, 6))
+    k = relay.const(_weight(*kernel, 6, 10))
+    conv = relay.nn.conv2d(x, k, padding=(1, 1), data_layout="NHWC", kernel_layout="HWIO")
+    return tvm.IRModule.from_expr(relay.Function([x], conv))
+
+
+@pytest.mark.parametrize("size", [(7, 9), (6, 10), (1, 1)])
+def test_nhwc_convolutions_fit_as_they_are(size: tuple[int, int]) -> None:
+    """TFLite's models come in NHWC with HWIO kernels; tiles run past uneven sizes."""
+    mod = _nhwc(*size)
+    data = RNG.standard_normal((1, *size, 6)).astype("float32")
+    rewritten, _ = winograd_convolutions(mod, {})
+    assert ops_called(rewritten) == [WINOGRAD]
+    got = _run(rewritten, {}, data, meta=True)
+    np.testing.assert_allclose(got, _run(mod, {}, data, meta=False), rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("size", [(9, 7), (8, 7), (40, 2)])
+def test_sizes_topi_pads_too_little_for_and_other_kernels_are_left_whole(
+    size: tuple[int, int],
+) -> None:
+    """TOPI's NHWC Winograd pads the bottom and the right by one amount, from the tiles
+    across and the height: with more tiles down than across, the last rows read past the data
+    (9x7: rows 7 and 8 came out as 1e37); at 8x7 the last tiles would read a column past."""
+    for mod in (_nhwc(*size), _nhwc(8, 8, kernel=(1, 1)), _nhwc(8, 8, kernel=(5, 5))):
+        assert winograd_convolutions(mod, {})[0] is mod
+
+
+@pytest.mark.parametrize("tuner", ["meta_schedule", "ansor"])
+def test_both_tuners_that_schedule_winograd_extract_it(tuner: str) -> None:
+    mod, params = winograd_convolutions(*_mixed())
+    tasks = relay_tasks.extract(mod, relay_tasks.host_target(), params, tuner=tuner)
+    assert sum("winograd" in t.name for t in tasks) == 2
+
+
+def _conv_onnx(path: Path) -> Path:
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1]),
+         helper.make_node("Relu", ["y"], ["out"])],
+        "conv",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 12, 12])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 16, 12, 12])],
+        [numpy_helper.from_array(_weight(16, 8, 3, 3), "w")],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+def test_the_cli_tunes_and_compiles_winograd_and_times_it_against_the_model_as_loaded(
+    tmp_path, capsys
+) -> None:
+    """The untuned build it is timed against is the model as loaded (TOPI has no default
+    schedule of Winograd convolutions to time), and the outputs agree."""
+    model, work = str(_conv_onnx(tmp_path / "conv.onnx")), str(tmp_path / "work")
+    assert main(["extract", model, "--winograd", "--format", "json"]) == 0
+    assert '"fused_nn_contrib_conv2d_winograd_without_weight_transform' in capsys.readouterr().out
+    assert main(["tune", model, "--winograd", "--trials", "8", "--work-dir", work]) == 0
+    capsys.readouterr()
+    argv = ["compile", model, "--work-dir", work, "-o", str(tmp_path / "m.so"), "--benchmark"]
+    assert main([*argv, "--winograd"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    # The convolution, and the layout transforms into NHWC and back (fused with the ReLU).
+    tuned = re.fullmatch(rf"{model}: ([1-3])/3 tasks tuned, library in {tmp_path / 'm.so'}", out[0])
+    assert tuned, out[0]
+    found = re.search(r"outputs differ by at most ([0-9.e-]+)$", out[1])
+    assert found and float(found.group(1)) < 1e-3, out[1]
+    # Without the flag the model's task is the direct convolution, which the records miss.
+    assert main(argv) == 2
+    assert ("its records are of Winograd convolutions: give --winograd, as to tune; or tune "
+            in capsys.readouterr().err)  # fmt: skip
+
+
+def test_winograd_is_refused_for_autotvm_in_one_line(tmp_path, capsys) -> None:
+    model = str(_conv_onnx(tmp_path / "conv.onnx"))
+    assert main(["extract", model, "--winograd", "--tuner", "autotvm"]) == 2
+    assert capsys.readouterr().err == (
+        "relay-tasks: error: --winograd applies to --tuner meta_schedule or ansor: TVM schedules "
+        "Winograd convolutions on CPUs for them only, not for autotvm\n"
+    )
