@@ -45,17 +45,18 @@ def _run(mod: tvm.IRModule, params: dict[str, Any], x: np.ndarray, *, meta: bool
 
 
 def _mixed() -> tuple[tvm.IRModule, dict[str, Any]]:
-    """Two convolutions that fit (one kernel a param, one a constant, uneven padding) among
-    four that do not: stride 2, 1x1, grouped, dilated."""
+    """Two convolutions that fit (the first, its kernel a param; the fifth, a constant with
+    uneven padding) among four that do not: stride 2, 1x1, grouped, dilated. Taken in the
+    wrong order, the convolutions asked to stay would be the second and the sixth."""
     x = relay.var("x", shape=(1, 8, 12, 12))
     w = relay.var("w", shape=(16, 8, 3, 3))
     y = relay.nn.relu(relay.nn.conv2d(x, w, padding=(1, 1), channels=16, kernel_size=(3, 3)))
     y = relay.nn.conv2d(y, relay.const(_weight(16, 16, 3, 3)), strides=(2, 2), padding=(1, 1))
     y = relay.nn.conv2d(y, relay.const(_weight(12, 16, 1, 1)), kernel_size=(1, 1))
     y = relay.nn.conv2d(y, relay.const(_weight(12, 3, 3, 3)), padding=(1, 1), groups=4)
-    y = relay.nn.conv2d(y, relay.const(_weight(12, 12, 3, 3)), padding=(2, 2), dilation=(2, 2))
     y = relay.nn.conv2d(y, relay.const(_weight(20, 12, 3, 3)), padding=(0, 1, 2, 1))
-    y = relay.add(y, relay.const(_weight(20, 1, 1)))
+    y = relay.nn.conv2d(y, relay.const(_weight(12, 20, 3, 3)), padding=(2, 2), dilation=(2, 2))
+    y = relay.add(y, relay.const(_weight(12, 1, 1)))
     params = {"w": tvm.nd.array(_weight(16, 8, 3, 3))}
     return tvm.IRModule.from_expr(relay.Function([x, w], y)), params
 
@@ -67,6 +68,7 @@ def test_convolutions_that_fit_become_winograd_ones_and_compute_the_same() -> No
     rewritten, left = winograd_convolutions(mod, params)
     called = ops_called(rewritten)
     assert called.count(WINOGRAD) == 2 and called.count("nn.conv2d") == 4
+    assert called.index(WINOGRAD) < called.index("nn.conv2d")  # the first convolution
     assert left == {}  # the param kernel was taken in, transformed
     got = _run(rewritten, left, x, meta=True)  # six convolutions deep, |y| in the thousands
     np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5 * np.abs(expected).max())
