@@ -29,7 +29,7 @@ from tvm.relay.build_module import bind_params_by_name
 from tvm.relay.dataflow_pattern import DFPatternCallback, is_op, rewrite, wildcard
 from tvm.topi.nn.winograd_util import _cook_toom_convolution, _interpolation_points
 
-from ..ir import static_shape
+from ..ir import native_warnings_muted, static_shape
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -230,7 +230,11 @@ def winograd_convolutions(mod: IRModule, params: Params) -> tuple[IRModule, Para
             relay.transform.ConvertLayout({"nn.conv2d": ["NHWC", "HWIO"]}),
         ]
     )
-    with tvm.transform.PassContext(opt_level=3), relay.transform.LayoutConfig(skip_layers=skipped):
+    with (
+        tvm.transform.PassContext(opt_level=3),
+        relay.transform.LayoutConfig(skip_layers=skipped),
+        native_warnings_muted(),
+    ):
         converted = convert(typed)
     converted["main"] = rewrite(_Winograd(), converted["main"])
     return relay.transform.InferType()(converted), params
