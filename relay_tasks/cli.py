@@ -527,6 +527,11 @@ def _compile(args: argparse.Namespace) -> int:
         raise UsageError("--rpc-tracker applies to --benchmark only")
     if args.versus and not args.benchmark:
         raise UsageError("--versus applies to --benchmark only")
+    if args.untuned and args.winograd:
+        raise UsageError(
+            "--untuned builds with TVM's default schedules, and TOPI has none for Winograd "
+            "convolutions (they would run unscheduled): drop --winograd"
+        )
     if args.versus:
         from .tuning.versus import check_versus
 

@@ -155,10 +155,18 @@ def test_the_cli_tunes_and_compiles_winograd_and_times_it_against_the_model_as_l
             in capsys.readouterr().err)  # fmt: skip
 
 
-def test_winograd_is_refused_for_autotvm_in_one_line(tmp_path, capsys) -> None:
+def test_winograd_is_refused_for_autotvm_and_untuned_builds_in_one_line(tmp_path, capsys) -> None:
     model = str(_conv_onnx(tmp_path / "conv.onnx"))
     assert main(["extract", model, "--winograd", "--tuner", "autotvm"]) == 2
     assert capsys.readouterr().err == (
         "relay-tasks: error: --winograd applies to --tuner meta_schedule or ansor: TVM schedules "
         "Winograd convolutions on CPUs for them only, not for autotvm\n"
     )
+    output = tmp_path / "m.so"
+    argv = ["compile", model, "--work-dir", str(tmp_path), "-o", str(output), "--untuned"]
+    assert main([*argv, "--winograd"]) == 2
+    assert capsys.readouterr().err == (
+        "relay-tasks: error: --untuned builds with TVM's default schedules, and TOPI has none for "
+        "Winograd convolutions (they would run unscheduled): drop --winograd\n"
+    )
+    assert not output.exists()
