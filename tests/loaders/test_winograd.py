@@ -170,3 +170,23 @@ def test_winograd_is_refused_for_autotvm_and_untuned_builds_in_one_line(tmp_path
         "Winograd convolutions (they would run unscheduled): drop --winograd\n"
     )
     assert not output.exists()
+
+
+def test_a_winograd_convolution_no_record_covers_builds_with_the_tuners_schedule(tmp_path) -> None:
+    """Calls no record covers are lowered as a build without the tuner lowers them, which
+    has no Winograd implementation: those stay with the tuner's (naive) schedule, rather than
+    failing the build ("Both AutoScheduler and MetaSchedule are not enabled")."""
+    from relay_tasks.adapters.meta_schedule import library
+
+    mod, params = _mixed()
+    x = RNG.standard_normal((1, 8, 12, 12)).astype("float32")
+    expected = _run(mod, params, x, meta=False)
+    rewritten, left = winograd_convolutions(mod, params)
+    target = relay_tasks.host_target()
+    tasks = relay_tasks.extract(rewritten, target, left, tuner="meta_schedule")
+    built = library.build(rewritten, target, left, tmp_path, [], tasks)
+    graph = graph_executor.GraphModule(built["default"](tvm.cpu()))
+    graph.set_input("x", x)
+    graph.run()
+    got = graph.get_output(0).numpy()
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5 * np.abs(expected).max())
