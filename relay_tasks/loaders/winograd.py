@@ -29,16 +29,20 @@ from tvm.relay.build_module import bind_params_by_name
 from tvm.relay.dataflow_pattern import DFPatternCallback, is_op, rewrite, wildcard
 from tvm.topi.nn.winograd_util import _cook_toom_convolution, _interpolation_points
 
+from ..adapters.untuned import Signature, signature
 from ..ir import native_warnings_muted, static_shape
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Collection, Sequence
 
     from ..adapters.base import TunerTask
     from .frontend import Params
 
 #: The tuners TVM's CPU strategy gives Winograd convolutions a schedule for.
 TUNERS = ("meta_schedule", "ansor")
+
+#: The operator a convolution becomes here.
+WINOGRAD_OP = "nn.contrib_conv2d_winograd_without_weight_transform"
 
 #: Output tile edge: F(4x4, 3x3), TVM's choice for x86, on 6x6 input tiles.
 TILE = 4
@@ -191,25 +195,29 @@ class _Sized(DFPatternCallback):  # type: ignore[misc]
         )
 
 
-def _convolutions(main: relay.Function) -> list[relay.Call]:
-    """``main``'s ``nn.conv2d`` calls in post order, the order ``ConvertLayout`` asks
-    ``LayoutConfig`` whether to skip them."""
+def _calls_of(main: relay.Function, op: str) -> list[relay.Call]:
+    """``main``'s calls of ``op`` in post order, the order ``ConvertLayout`` asks
+    ``LayoutConfig`` whether to skip a convolution."""
     calls: list[relay.Call] = []
 
     def visit(node: Any) -> None:
-        if isinstance(node, relay.Call) and getattr(node.op, "name", None) == "nn.conv2d":
+        if isinstance(node, relay.Call) and getattr(node.op, "name", None) == op:
             calls.append(node)
 
     relay.analysis.post_order_visit(main, visit)
     return calls
 
 
-def winograd_convolutions(mod: IRModule, params: Params) -> tuple[IRModule, Params]:
+def winograd_convolutions(
+    mod: IRModule, params: Params, *, direct: Collection[Signature] = ()
+) -> tuple[IRModule, Params]:
     """``mod`` with each 3x3 stride-1 float32 convolution by a known kernel as an NHWC Winograd
     convolution, and ``params`` without the kernels it took in. The others, and a module
-    without any such convolution, are left as they are."""
+    without any such convolution, are left as they are; so are those whose Winograd call
+    would have a signature in ``direct`` (:func:`..adapters.untuned.signature`: what a build
+    found no right record for)."""
     typed = relay.transform.InferType()(mod)
-    convolutions = _convolutions(typed["main"])
+    convolutions = _calls_of(typed["main"], "nn.conv2d")
     kernels = [_known_kernel(call.args[1], params) for call in convolutions]
     chosen = [_fits(call, kernel) for call, kernel in zip(convolutions, kernels, strict=True)]
     if not any(chosen):
@@ -223,6 +231,19 @@ def winograd_convolutions(mod: IRModule, params: Params) -> tuple[IRModule, Para
         typed["main"] = bind_params_by_name(typed["main"], {n: params[n] for n in bound})
         params = {name: value for name, value in params.items() if name not in bound}
     typed["main"] = rewrite(_Sized(), typed["main"])
+    converted = _converted(typed, chosen)
+    if direct:
+        # Winograd calls come in the order of the convolutions they replace.
+        calls = iter(_calls_of(converted["main"], WINOGRAD_OP))
+        chosen = [fits and signature(next(calls)) not in direct for fits in chosen]
+        converted = _converted(typed, chosen)
+    return converted, params
+
+
+def _converted(typed: IRModule, chosen: list[bool]) -> IRModule:
+    """``typed`` with the ``chosen`` convolutions (in post order) as Winograd ones."""
+    if not any(chosen):
+        return typed
     skipped = [index for index, fits in enumerate(chosen) if not fits]
     convert = tvm.transform.Sequential(
         [
@@ -237,4 +258,4 @@ def winograd_convolutions(mod: IRModule, params: Params) -> tuple[IRModule, Para
     ):
         converted = convert(typed)
     converted["main"] = rewrite(_Winograd(), converted["main"])
-    return relay.transform.InferType()(converted), params
+    return relay.transform.InferType()(converted)

@@ -18,7 +18,7 @@ from tvm.contrib import graph_executor
 
 import relay_tasks
 from relay_tasks.cli import main
-from relay_tasks.loaders.winograd import winograd_convolutions
+from relay_tasks.loaders.winograd import _calls_of, winograd_convolutions
 
 from checks import ops_called
 
@@ -144,8 +144,11 @@ def test_the_cli_tunes_and_compiles_winograd_and_times_it_against_the_model_as_l
     argv = ["compile", model, "--work-dir", work, "-o", str(tmp_path / "m.so"), "--benchmark"]
     assert main([*argv, "--winograd"]) == 0
     out = capsys.readouterr().out.splitlines()
-    # The convolution, and the layout transforms into NHWC and back (fused with the ReLU).
-    tuned = re.fullmatch(rf"{model}: ([1-3])/3 tasks tuned, library in {tmp_path / 'm.so'}", out[0])
+    # The convolution and the layout transforms into NHWC and back (fused with the ReLU);
+    # or, where no Winograd record was used (8 measurements), the convolution built direct.
+    tuned = re.fullmatch(
+        rf"{model}: [0-3]/[1-3] tasks tuned, library in {tmp_path / 'm.so'}", out[0]
+    )
     assert tuned, out[0]
     found = re.search(r"outputs differ by at most ([0-9.e-]+)$", out[1])
     assert found and float(found.group(1)) < 1e-3, out[1]
@@ -172,21 +175,35 @@ def test_winograd_is_refused_for_autotvm_and_untuned_builds_in_one_line(tmp_path
     assert not output.exists()
 
 
-def test_a_winograd_convolution_no_record_covers_builds_with_the_tuners_schedule(tmp_path) -> None:
-    """Calls no record covers are lowered as a build without the tuner lowers them, which
-    has no Winograd implementation: those stay with the tuner's (naive) schedule, rather than
-    failing the build ("Both AutoScheduler and MetaSchedule are not enabled")."""
+def test_a_build_names_the_winograd_calls_no_record_covers_and_those_can_stay_direct(
+    tmp_path,
+) -> None:
+    """Unrecorded, a Winograd call is lowered with the tuner's naive schedule (x86 has no
+    other), and the build names its signature; the rewrite then leaves the convolutions of
+    those signatures direct, and the model still computes what it did."""
     from relay_tasks.adapters.meta_schedule import library
+    from relay_tasks.adapters.untuned import naive_calls, signature
 
     mod, params = _mixed()
     x = RNG.standard_normal((1, 8, 12, 12)).astype("float32")
     expected = _run(mod, params, x, meta=False)
     rewritten, left = winograd_convolutions(mod, params)
+    calls = [signature(c) for c in _calls_of(rewritten["main"], WINOGRAD)]
     target = relay_tasks.host_target()
     tasks = relay_tasks.extract(rewritten, target, left, tuner="meta_schedule")
-    built = library.build(rewritten, target, left, tmp_path, [], tasks)
-    graph = graph_executor.GraphModule(built["default"](tvm.cpu()))
-    graph.set_input("x", x)
-    graph.run()
-    got = graph.get_output(0).numpy()
-    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5 * np.abs(expected).max())
+    with naive_calls() as naive:
+        built = library.build(rewritten, target, left, tmp_path, [], tasks)
+    assert naive == set(calls) and len(naive) == 2
+    for factory, model_params in ((built, left), (None, None)):
+        if factory is None:  # the first convolution direct, the fifth still Winograd
+            direct, model_params = winograd_convolutions(mod, params, direct={calls[0]})
+            assert [signature(c) for c in _calls_of(direct["main"], WINOGRAD)] == calls[1:]
+            assert ops_called(direct).count("nn.conv2d") == 5
+            with naive_calls() as naive:
+                factory = library.build(direct, target, model_params, tmp_path, [], tasks)
+            assert naive == {calls[1]}
+        graph = graph_executor.GraphModule(factory["default"](tvm.cpu()))
+        graph.set_input("x", x)
+        graph.run()
+        got = graph.get_output(0).numpy()
+        np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5 * np.abs(expected).max())
