@@ -19,6 +19,7 @@ the model's own: tune and compile a model alike, with one of those tuners.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -31,6 +32,7 @@ from tvm.topi.nn.winograd_util import _cook_toom_convolution, _interpolation_poi
 
 from ..adapters.untuned import Signature, signature
 from ..ir import native_warnings_muted, static_shape
+from ..optimize.fold import constant_limit
 
 if TYPE_CHECKING:
     from collections.abc import Collection, Sequence
@@ -87,7 +89,15 @@ def _fits(call: relay.Call, kernel: Any) -> bool:
         and int(attrs.groups) == 1
         and data.dtype == weight.dtype == "float32"
         and str(attrs.out_dtype) in ("", "float32")
+        and _transform_bytes([int(d) for d in weight.shape]) <= constant_limit()
     )
+
+
+def _transform_bytes(kernel_shape: list[int]) -> int:
+    """What transforming a 3x3 kernel takes: (TILE + 2)^2 taps for its 9, in float64, 8 times
+    the kernel's bytes. No more than a fold may make a constant: a model whose kernel folds to
+    just under that limit is a small file."""
+    return (TILE + 2) ** 2 * math.prod(kernel_shape) // 9 * 8
 
 
 def _padding(attrs: Any) -> list[int]:

@@ -207,3 +207,14 @@ def test_a_build_names_the_winograd_calls_no_record_covers_and_those_can_stay_di
         graph.run()
         got = graph.get_output(0).numpy()
         np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5 * np.abs(expected).max())
+
+
+def test_a_kernel_whose_transform_passes_the_constant_limit_stays_direct(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """6 in and 10 out channels: 2,160 bytes of kernel, 17,280 transformed in float64."""
+    mod = _nhwc(8, 8)
+    monkeypatch.setenv("RELAY_TASKS_MAX_CONSTANT_BYTES", "17279")
+    assert winograd_convolutions(mod, {})[0] is mod
+    monkeypatch.setenv("RELAY_TASKS_MAX_CONSTANT_BYTES", "17280")
+    assert ops_called(winograd_convolutions(mod, {})[0]) == [WINOGRAD]
