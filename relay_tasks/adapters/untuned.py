@@ -191,7 +191,8 @@ tvm.register_func("relay.backend.lower_call", _lower_call, override=True)
 
 #: Operators x86's strategies implement for the tuners only (without them, choosing an
 #: implementation raises): lowered with the tuner's naive schedule where no record covers them.
-TUNER_ONLY = frozenset({"nn.contrib_conv2d_winograd_without_weight_transform"})
+WINOGRAD = "nn.contrib_conv2d_winograd_without_weight_transform"
+TUNER_ONLY = frozenset({WINOGRAD})
 
 
 def _kept_for_the_tuner(call: relay.Call, current: _Untuned) -> bool:

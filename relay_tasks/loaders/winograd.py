@@ -30,7 +30,7 @@ from tvm.relay.build_module import bind_params_by_name
 from tvm.relay.dataflow_pattern import DFPatternCallback, is_op, rewrite, wildcard
 from tvm.topi.nn.winograd_util import _cook_toom_convolution, _interpolation_points
 
-from ..adapters.untuned import Signature, signature
+from ..adapters.untuned import WINOGRAD, Signature, signature
 from ..ir import native_warnings_muted, static_shape
 from ..optimize.fold import constant_limit
 
@@ -42,9 +42,6 @@ if TYPE_CHECKING:
 
 #: The tuners TVM's CPU strategy gives Winograd convolutions a schedule for.
 TUNERS = ("meta_schedule", "ansor")
-
-#: The operator a convolution becomes here.
-WINOGRAD_OP = "nn.contrib_conv2d_winograd_without_weight_transform"
 
 #: Output tile edge: F(4x4, 3x3), TVM's choice for x86, on 6x6 input tiles.
 TILE = 4
@@ -244,7 +241,7 @@ def winograd_convolutions(
     converted = _converted(typed, chosen)
     if direct:
         # Winograd calls come in the order of the convolutions they replace.
-        calls = iter(_calls_of(converted["main"], WINOGRAD_OP))
+        calls = iter(_calls_of(converted["main"], WINOGRAD))
         chosen = [fits and signature(next(calls)) not in direct for fits in chosen]
         converted = _converted(typed, chosen)
     return converted, params
