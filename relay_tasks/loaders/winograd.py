@@ -46,6 +46,16 @@ TUNERS = ("meta_schedule", "ansor")
 #: Output tile edge: F(4x4, 3x3), TVM's choice for x86, on 6x6 input tiles.
 TILE = 4
 
+#: Fewest output tiles a convolution whose transformed kernel streams from memory needs to
+#: stay Winograd. Each of the kernel's (TILE + 2)^2 x in x out weights is used once a tile,
+#: against once an output pixel for the direct kernel (16 times as often): at ResNet's 7x7
+#: stage, 4 tiles, the multiplies wait on the 38 MB kernel, and the direct convolution runs
+#: from a quarter of those bytes.
+MIN_TILES = 8
+
+#: Bytes of transformed kernel that stay cached from one call to the next, whatever the tiles.
+CACHED_BYTES = 4 << 20
+
 #: Kernel layout by data layout, and where the kernel's and the data's height and width are.
 _LAYOUTS = {
     "NCHW": ("OIHW", slice(2, 4), slice(2, 4)),
@@ -86,15 +96,24 @@ def _fits(call: relay.Call, kernel: Any) -> bool:
         and int(attrs.groups) == 1
         and data.dtype == weight.dtype == "float32"
         and str(attrs.out_dtype) in ("", "float32")
-        and _transform_bytes([int(d) for d in weight.shape]) <= constant_limit()
+        and _transformed(weight.shape) * 8 <= constant_limit()
+        and _worth_it([int(d) for d in call.checked_type.shape[layout[2]]], weight.shape)
     )
 
 
-def _transform_bytes(kernel_shape: list[int]) -> int:
-    """What transforming a 3x3 kernel takes: (TILE + 2)^2 taps for its 9, in float64, 8 times
-    the kernel's bytes. No more than a fold may make a constant: a model whose kernel folds to
-    just under that limit is a small file."""
-    return (TILE + 2) ** 2 * math.prod(kernel_shape) // 9 * 8
+def _transformed(kernel_shape: Any) -> int:
+    """Weights of a 3x3 kernel transformed: (TILE + 2)^2 taps for its 9. Transformed in
+    float64, 8 bytes each: no more than a fold may make a constant (a model whose kernel folds
+    to just under that limit is a small file)."""
+    return (TILE + 2) ** 2 * math.prod(int(d) for d in kernel_shape) // 9
+
+
+def _worth_it(output: list[int], kernel_shape: Any) -> bool:
+    """Whether the multiplies Winograd saves outweigh reading its kernel, 4 times the direct
+    one's: enough output tiles (:data:`MIN_TILES`) use each weight, or the kernel (float32)
+    is small enough to stay cached."""
+    tiles = math.prod(-(-n // TILE) for n in output)
+    return tiles >= MIN_TILES or _transformed(kernel_shape) * 4 <= CACHED_BYTES
 
 
 def _padding(attrs: Any) -> list[int]:
