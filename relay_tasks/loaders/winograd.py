@@ -14,7 +14,8 @@ float32 kernel is converted to NHWC (``ConvertLayout``; the others stay as they 
 conversions fall only where the two kinds meet) and calls TVM's
 ``contrib_conv2d_winograd_without_weight_transform`` with its kernel transformed here, once, in
 numpy. TOPI schedules that operator for MetaSchedule and Ansor only, and the tasks differ from
-the model's own: tune and compile a model alike, with one of those tuners.
+the model's own: tune and compile a model alike, with one of those tuners. A convolution
+whose large transformed kernel few output tiles share stays direct (:func:`_worth_it`).
 """
 
 from __future__ import annotations
