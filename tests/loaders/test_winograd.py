@@ -17,13 +17,13 @@ from tvm import relay
 from tvm.contrib import graph_executor
 
 import relay_tasks
+from relay_tasks.adapters.untuned import WINOGRAD
 from relay_tasks.cli import main
 from relay_tasks.loaders.winograd import _calls_of, winograd_convolutions
 
 from checks import ops_called
 
 RNG = np.random.default_rng(5)
-WINOGRAD = "nn.contrib_conv2d_winograd_without_weight_transform"
 
 
 def _weight(*shape: int) -> np.ndarray:
