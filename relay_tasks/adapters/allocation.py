@@ -91,6 +91,12 @@ class Allocation:
         if seconds is not None and 0 < seconds < 1e9:
             share.best = seconds if share.best is None else min(share.best, seconds)
 
+    def improves(self, index: int, seconds: float) -> bool:
+        """Whether ``seconds`` beats the best latency known of task ``index`` (none known:
+        any does)."""
+        best = self.shares[index].best
+        return best is None or seconds < best
+
     def pick(self, alive: Sequence[int]) -> int | None:
         """The task of ``alive`` to measure next (None when none is left): the first of which
         nothing is known, else the highest score (the first of equals)."""

@@ -13,6 +13,11 @@ AutoTVM's configs instantiated from its template against the fallback config (on
 Ansor state of ``dense + 1``, 8x32 by 16x32, measured valid at 0.13 ms, computed NaN in the
 model). Both run on this CPU: where the target's code cannot run here (another architecture, a
 GPU), the records are applied unchecked.
+
+A MetaSchedule tune checks too, as it measures: a candidate faster than its task's best so
+far is built here from its schedule and run on the same arguments; one that disagrees is filed
+as a failure, so the search goes on from schedules that compute right instead of spending its
+rounds around one the build would pass over.
 """
 
 from __future__ import annotations

@@ -35,6 +35,30 @@ def test_a_schedule_agrees_with_its_compute_and_another_compute_does_not() -> No
 
 
 @pytest.mark.xdist_group("tuning")
+def test_a_tune_files_a_candidate_computing_something_else_as_a_failure(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """Each candidate faster than its task's best so far made to disagree as it is measured
+    (the task's expected results shifted by one): none is kept as valid, each is a failure
+    naming the miscompile, so no build can take one. (Unpatched, candidates that compute right
+    pass: every tune test that counts valid measurements runs the check.)"""
+    import json
+
+    from relay_tasks.adapters.meta_schedule import database, runner
+
+    from tuned_models import tune_in_process
+
+    shifted = verify.results
+    monkeypatch.setattr(runner, "results",
+                        lambda mod, target: [a + 1 for a in shifted(mod, target)])  # fmt: skip
+    tuned = tune_in_process("meta_schedule", tmp_path, [2])
+    assert tuned.records and all(seconds is None for _, seconds in tuned.records)
+    causes = [json.loads(line)["error"]
+              for line in (tmp_path / "work" / database.ERRORS).read_text().splitlines()]  # fmt: skip
+    assert causes == [runner.WRONG] * len(tuned.records)
+
+
+@pytest.mark.xdist_group("tuning")
 def test_a_record_computing_something_else_is_passed_over(tmp_path: Path, monkeypatch) -> None:
     """The tiny model's best record made to disagree (TVM's code for a schedule can be wrong:
     see relay_tasks/adapters/verify.py): the build takes the next best, or with every record

@@ -17,6 +17,7 @@ from ..base import (
     Runner,
     failure_cause,
 )
+from ..verify import agrees_with, results, runs_here
 from .database import (
     WorkDatabase,
 )
@@ -42,13 +43,17 @@ class CommitEach(ms.runner.PyRunner):  # type: ignore[misc]  # pragma: no mutate
     runner hands the scheduler futures that are already done, the records committed as
     MetaSchedule's own callback would commit them (a failure as 1e10 s). The batch being run is
     the task record whose builds are in and whose futures are not yet set.
+
+    A measurement that beats its task's best so far is committed as valid only once its
+    schedule computes what the task computes (:meth:`Expected.agrees`); one that does not is a
+    failure (:data:`WRONG`), to the database, the allocation and the cost model alike. Slower
+    ones are not checked: a build only ever applies a task's fastest records.
     """
 
-    def __init__(
-        self, inner: Any, scheduler: Any, database: WorkDatabase, allocation: Allocation
-    ) -> None:
+    def __init__(self, inner: Any, scheduler: Any, database: WorkDatabase,
+                 allocation: Allocation, expected: Expected) -> None:  # fmt: skip
         self.inner, self.scheduler, self.database = inner, scheduler, database
-        self.allocation = allocation
+        self.allocation, self.expected = allocation, expected
 
     def run(self, runner_inputs: list[Any]) -> list[Any]:
         index, task = next(
@@ -69,11 +74,16 @@ class CommitEach(ms.runner.PyRunner):  # type: ignore[misc]  # pragma: no mutate
 
         def commit_finished() -> None:
             for k in [k for k, future in running.items() if future.done()]:
-                results[k] = result = running.pop(k).result()
-                candidate = built[str(runner_inputs[k].artifact_path)]
+                result = running.pop(k).result()
+                path = str(runner_inputs[k].artifact_path)
+                seconds = _seconds(result) if result.error_msg is None else None
+                improves = seconds is not None and self.allocation.improves(index, seconds)
+                if improves and not self.expected.agrees(index, task.ctx, built[path]):
+                    result, seconds = ms.runner.RunnerResult(None, WRONG), None
+                results[k] = result
                 error = None if result.error_msg is None else str(result.error_msg)
-                self._commit(task, workload, candidate, result.run_secs, error)
-                self.allocation.measured(index, _seconds(result) if error is None else None)
+                self._commit(task, workload, built[path], result.run_secs, error)
+                self.allocation.measured(index, seconds)
 
         # One input a call: the local runner measures as it is called, an RPC runner returns
         # at once and measures on as many devices as the tracker lends.
@@ -92,6 +102,36 @@ class CommitEach(ms.runner.PyRunner):  # type: ignore[misc]  # pragma: no mutate
         trace, info = candidate.sch.trace, candidate.args_info
         record = ms.database.TuningRecord(trace, workload, run_secs, task.ctx.target, info)
         self.database.commit(record, None if error is None else failure_cause(error))
+
+
+#: The failure a measured candidate is filed as when its library computes something else.
+WRONG = (
+    "its code computes something else than its task (checked on seeded arguments): TVM "
+    "miscompiled this schedule"
+)
+
+
+class Expected:
+    """What each task of a tune leaves in its buffers from the seeded arguments, by task
+    index, computed when a candidate of it is first checked and kept for the tune's phases;
+    nothing is checked where this machine cannot run the target's code."""
+
+    def __init__(self) -> None:
+        self.results: dict[int, Any] = {}
+        self.here: bool | None = None
+
+    def agrees(self, index: int, context: Any, candidate: Any) -> bool:
+        """Whether ``candidate`` of task ``index`` (``context``) computes what the task
+        computes, built here from its schedule as a build would apply it: the library the
+        builder exported takes its weights in the layout the schedule rewrote them to, which
+        only the schedule itself computes from the task's."""
+        if self.here is None:
+            self.here = runs_here(context.target)
+        if not self.here:
+            return True
+        if index not in self.results:
+            self.results[index] = results(context.mod, context.target)
+        return agrees_with(self.results[index], candidate.sch.mod, context.target)
 
 
 def _seconds(result: Any) -> float | None:

@@ -31,7 +31,7 @@ from .database import (
     read,
     workload_key,
 )
-from .runner import CommitEach, builder_of, runner_of, task_records
+from .runner import CommitEach, Expected, builder_of, runner_of, task_records
 from .tasks import flops, register_intrinsics
 
 
@@ -119,6 +119,7 @@ class _Session:
         self.cost_model = ms.cost_model.XGBModel(
             num_warmup_samples=WARMUP, num_tuning_cores=_physical_cores(), tree_method="auto"
         )
+        self.expected = Expected()
         #: Every tuned task and the database of its records: these tasks, then ``learn``'s.
         self.tutors: list[tuple[TunerTask, Any]] = [(t, self.database.memory) for t in tasks]
 
@@ -203,7 +204,9 @@ class _Session:
             max_trials_global=limit,
             num_trials_per_iter=batch,
             builder=builder_of(self.runner),
-            runner=CommitEach(runner_of(self.runner), scheduler, self.database, allocation),
+            runner=CommitEach(
+                runner_of(self.runner), scheduler, self.database, allocation, self.expected
+            ),
             database=self.database.memory,
             cost_model=self.cost_model,
             # The default callbacks less AddToDatabase: the runner has committed every record.
