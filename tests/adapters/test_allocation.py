@@ -41,6 +41,20 @@ def test_rounds_follow_the_weighted_latency_of_the_defaults() -> None:
     assert 0 not in picked
 
 
+def test_a_latency_improves_on_the_best_known_default_or_record_alone() -> None:
+    """What a tune checks before filing a measurement as valid: only one faster than every
+    latency known of its task (its default, its records, this tune's valid measurements), a
+    failure never counted; with nothing known, any."""
+    tasks = [_task("known"), _task("unknown")]
+    records = [Measurement("known", 0.004, "")]
+    allocation = Allocation(tasks, records, {"known": 0.005})
+    assert allocation.improves(0, 0.0039) and not allocation.improves(0, 0.0041)
+    allocation.measured(0, 0.003)
+    allocation.measured(0, None)
+    assert not allocation.improves(0, 0.0031) and allocation.improves(0, 0.0029)
+    assert allocation.improves(1, 10.0)
+
+
 def test_weight_multiplies_a_tasks_latency() -> None:
     tasks = [_task("once", weight=1), _task("thrice", weight=3)]
     allocation = Allocation(tasks, [], {"once": 0.02, "thrice": 0.01})
