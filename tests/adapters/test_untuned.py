@@ -178,10 +178,14 @@ def every_record_agrees(monkeypatch: pytest.MonkeyPatch) -> None:
     then the records' doing alone. On this TVM build about one random MetaSchedule schedule
     of these small denses in 16 leaves rows of NaN (3 of 48 counted; Ansor has such states
     too), and a task whose two records are both passed over has none to use, which is another
-    warning (tests/adapters/test_verify.py covers the check)."""
+    warning (tests/adapters/test_verify.py covers the check). The tune's own check is off
+    too: with the NaN candidates filed as failures, a task whose first round held only those
+    had nothing valid to weigh, and its tune measured no more (issue 51's last note)."""
     from relay_tasks.adapters import verify
+    from relay_tasks.adapters.meta_schedule import runner
 
     monkeypatch.setattr(verify, "agrees_with", lambda *args: True)
+    monkeypatch.setattr(runner, "agrees_with", lambda *args: True)
 
 
 @pytest.mark.xdist_group("tuning")
