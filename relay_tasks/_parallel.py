@@ -5,10 +5,11 @@ when it loads the library, with the definition libtvm's own relocation found whe
 was loaded: the first in the process's global scope. hhb-tvm 3.2.3 defines it to start an OpenMP
 region of one thread whatever ``TVM_NUM_THREADS`` says, so every operator (tuned or not, in a
 measurement or a deployed build) used one core: ResNet-18 ran 33.4 ms on this two-core host and
-runs 17.5 ms on both. ``parallel_launch.c`` defines the launch (and its barrier) on an OpenMP
-team; loaded with ``RTLD_GLOBAL`` before libtvm, it is the definition libtvm hands out. Child
-processes (TVM's measuring pool, which imports tvm before anything of ours) get it through
-``LD_PRELOAD``, which :func:`install` extends for every process this one starts.
+runs 17.5 ms on both. ``parallel_launch.c`` defines the launch (and its barrier) on a team of
+threads of its own, whose wait between loops adapts to how busy the machine is; loaded with
+``RTLD_GLOBAL`` before libtvm, it is the definition libtvm hands out. Child processes (TVM's
+measuring pool, which imports tvm before anything of ours) get it through ``LD_PRELOAD``,
+which :func:`install` extends for every process this one starts.
 
 The library is built once per source with the C compiler TVM's own ``export_library`` needs,
 into a cache directory only this user can write (a directory others can write could hold a
@@ -33,13 +34,6 @@ from pathlib import Path
 #: The C source of the launch, shipped beside this module.
 SOURCE = Path(__file__).with_name("parallel_launch.c")
 
-#: How long a thread of the team waits busy for the next loop before it sleeps (libgomp's
-#: ``GOMP_SPINCOUNT``; its default is 300,000). With another process on one of two cores, a
-#: team of two waited busy for its descheduled half: ResNet-18 took 57.0 ms, against 34.7 on
-#: one thread and 38.1 with this count, which costs nothing on a quiet machine (17.9 ms
-#: against 18.0).
-SPINS = 1000
-
 #: The symbol whose definition decides how many threads TVM-compiled loops use.
 LAUNCH = "TVMBackendParallelLaunch"
 
@@ -50,7 +44,6 @@ def install() -> Path | None:
     that does it, or None where it cannot act (tvm already loaded, no C compiler: then a
     warning says so, once, and code runs as hhb-tvm runs it, on one core)."""
     os.environ.setdefault("TVM_NUM_THREADS", str(physical_cores()))
-    os.environ.setdefault("GOMP_SPINCOUNT", str(SPINS))
     preloaded = _preloaded()
     if preloaded is not None:
         return preloaded
@@ -170,7 +163,7 @@ def _build(folder: Path, built: Path) -> Path:
     handle, partial = tempfile.mkstemp(dir=folder, suffix=".so")
     os.close(handle)
     try:
-        command = [compiler, "-O2", "-fPIC", "-shared", "-fopenmp", str(SOURCE), "-o", partial]
+        command = [compiler, "-O2", "-fPIC", "-shared", "-pthread", str(SOURCE), "-o", partial]
         done = subprocess.run(command, capture_output=True, text=True, timeout=120)
         if done.returncode != 0:
             raise OSError(f"{Path(compiler).name} failed: {done.stderr.strip()[-300:]}")

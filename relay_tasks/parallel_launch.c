@@ -3,11 +3,27 @@
  * Code TVM compiles runs each parallel loop through TVMBackendParallelLaunch, which hhb-tvm's
  * runtime builds to run every task on the calling thread, so every operator used one core.
  * Loaded ahead of libtvm (see relay_tasks/_parallel.py), these two definitions are the ones
- * libtvm hands to every library it loads: the loop's tasks run on an OpenMP team, one task a
- * thread, and a barrier is the team's barrier.
+ * libtvm hands to every library it loads: the loop's tasks run on a team of threads, one task
+ * a thread, the caller's thread the first of them.
+ *
+ * Between two loops the team's threads wait busy for a while before they sleep: a sleeping
+ * thread wakes through a system call (in a virtual machine, through the hypervisor too), and a
+ * model runs hundreds of loops with gaps of microseconds between them. Waiting busy is a loss
+ * where another process wants the cores: then a thread the system took off its core holds up
+ * its whole team, and its busy team-mates take the core from it. So the wait adapts: when the
+ * caller waited for the team far longer than its own task took, a thread was off its core, and
+ * for a while the team waits busy only briefly.
  */
+#define _GNU_SOURCE
+#include <limits.h>
+#include <linux/futex.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
 
 typedef struct {
   void* sync_handle;
@@ -16,39 +32,209 @@ typedef struct {
 
 typedef int (*FTVMParallelLambda)(int task_id, TVMParallelGroupEnv* penv, void* cdata);
 
-int omp_get_num_threads(void);
-int omp_get_thread_num(void);
-int omp_get_max_threads(void);
+/* How long a waiting thread stays busy on a quiet machine, and after a sign of a busy one. */
+#define QUIET_SPIN_NS 2000000ULL
+#define BUSY_SPIN_NS 50000ULL
+/* A caller that waited this long, and longer than its own task, saw a team-mate off its core;
+ * the team then spins briefly for the next BUSY_FOR_NS. */
+#define LATE_NS 500000ULL
+#define BUSY_FOR_NS 200000000ULL
+#define MAX_TEAM 512
 
-/* TVM_NUM_THREADS, as TVM's own runtime reads it; else OpenMP's default. */
+static uint64_t now_ns(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (uint64_t)t.tv_sec * 1000000000ULL + (uint64_t)t.tv_nsec;
+}
+
+static void relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
+/* A word threads wait on, with the count of those asleep on it (so a waker skips the system
+ * call when every waiter is still busy). */
+typedef struct {
+  atomic_uint value;
+  atomic_uint sleepers;
+} Word;
+
+static atomic_ullong busy_until; /* now_ns() before which the machine is taken as busy */
+
+static void wake(Word* word) {
+  if (atomic_load(&word->sleepers) != 0) {
+    syscall(SYS_futex, &word->value, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+  }
+}
+
+/* Returns once word->value differs from seen: busy for a while, then asleep. */
+static void await_change(Word* word, unsigned seen) {
+  uint64_t budget = now_ns() < atomic_load(&busy_until) ? BUSY_SPIN_NS : QUIET_SPIN_NS;
+  uint64_t start = 0;
+  for (unsigned turn = 1; atomic_load(&word->value) == seen; ++turn) {
+    relax();
+    if (turn % 64 != 0) {
+      continue;
+    }
+    uint64_t now = now_ns();
+    if (start == 0) {
+      start = now;
+    } else if (now - start > budget) {
+      atomic_fetch_add(&word->sleepers, 1);
+      while (atomic_load(&word->value) == seen) {
+        syscall(SYS_futex, &word->value, FUTEX_WAIT_PRIVATE, seen, NULL, NULL, 0);
+      }
+      atomic_fetch_sub(&word->sleepers, 1);
+      return;
+    }
+  }
+}
+
+/* One launch at a time runs on the team; the job it published; the barrier of its tasks. */
+static struct {
+  pthread_mutex_t lock;
+  int workers;
+  unsigned first_job;
+  FTVMParallelLambda lambda;
+  void* cdata;
+  int num_task;
+  atomic_int failed;
+  Word job;     /* counts jobs: workers wait for it to move */
+  Word pending; /* workers not done with the job */
+  atomic_uint arrived;
+  Word phase; /* counts barriers passed */
+} pool = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+/* Set on a thread running a task: a launch from inside a task runs alone. */
+static __thread int in_task;
+
+static void finish(int id, int num_task) {
+  if (id < num_task) {
+    TVMParallelGroupEnv env = {NULL, num_task};
+    if (pool.lambda(id, &env, pool.cdata) != 0) {
+      atomic_store(&pool.failed, -1);
+    }
+  }
+  if (atomic_fetch_sub(&pool.pending.value, 1) == 1) {
+    wake(&pool.pending);
+  }
+}
+
+static void* work(void* arg) {
+  int id = (int)(intptr_t)arg;
+  unsigned seen = pool.first_job;
+  in_task = 1;
+  for (;;) {
+    await_change(&pool.job, seen);
+    seen = atomic_load(&pool.job.value); /* the next job waits for every worker: one step */
+    finish(id, pool.num_task);
+  }
+  return NULL;
+}
+
+/* A forked child has none of the parent's threads: it starts its own team when it needs one. */
+static void forget_team(void) {
+  pthread_mutex_init(&pool.lock, NULL);
+  pool.workers = 0;
+  atomic_store(&pool.pending.value, 0);
+  atomic_store(&pool.arrived, 0);
+}
+
+__attribute__((constructor)) static void watch_forks(void) {
+  pthread_atfork(NULL, NULL, forget_team);
+}
+
+/* TVM_NUM_THREADS, as TVM's own runtime reads it; else the processors this process may use. */
 static int team_size(void) {
   const char* value = getenv("TVM_NUM_THREADS");
   int wanted = value ? atoi(value) : 0;
-  return wanted > 0 ? wanted : omp_get_max_threads();
+  if (wanted <= 0) {
+    cpu_set_t cpus;
+    wanted = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
+  }
+  return wanted < MAX_TEAM ? wanted : MAX_TEAM;
+}
+
+static void start_team(int size) {
+  pool.first_job = atomic_load(&pool.job.value);
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  while (pool.workers < size - 1) {
+    pthread_t thread;
+    if (pthread_create(&thread, &attr, work, (void*)(intptr_t)(pool.workers + 1)) != 0) {
+      break;
+    }
+    pool.workers += 1;
+  }
+  pthread_attr_destroy(&attr);
+}
+
+static int alone(FTVMParallelLambda lambda, void* cdata) {
+  TVMParallelGroupEnv env = {NULL, 1};
+  return lambda(0, &env, cdata);
 }
 
 int TVMBackendParallelLaunch(FTVMParallelLambda lambda, void* cdata, int num_task) {
-  int threads = num_task > 0 ? num_task : team_size();
-  int failed = 0;
+  int size = team_size();
+  int threads = num_task > 0 && num_task < size ? num_task : size;
+  if (threads <= 1 || in_task || pthread_mutex_trylock(&pool.lock) != 0) {
+    return alone(lambda, cdata); /* nested, or another thread's launch holds the team */
+  }
+  if (pool.workers == 0) {
+    start_team(size);
+  }
+  if (threads > pool.workers + 1) {
+    threads = pool.workers + 1;
+  }
   if (threads <= 1) {
-    TVMParallelGroupEnv alone = {NULL, 1};
-    return lambda(0, &alone, cdata);
+    pthread_mutex_unlock(&pool.lock);
+    return alone(lambda, cdata);
   }
-#pragma omp parallel num_threads(threads)
-  {
-    /* A nested or limited region may get fewer threads than asked: tasks split by the team. */
-    TVMParallelGroupEnv env = {NULL, omp_get_num_threads()};
-    if (lambda(omp_get_thread_num(), &env, cdata) != 0) {
-#pragma omp atomic write
-      failed = -1;
-    }
+  pool.lambda = lambda;
+  pool.cdata = cdata;
+  pool.num_task = threads;
+  atomic_store(&pool.failed, 0);
+  atomic_store(&pool.pending.value, (unsigned)pool.workers);
+  atomic_fetch_add(&pool.job.value, 1);
+  wake(&pool.job);
+
+  uint64_t started = now_ns();
+  in_task = 1;
+  TVMParallelGroupEnv env = {NULL, threads};
+  if (lambda(0, &env, cdata) != 0) {
+    atomic_store(&pool.failed, -1);
   }
+  in_task = 0;
+  uint64_t own = now_ns() - started;
+  for (unsigned left; (left = atomic_load(&pool.pending.value)) != 0;) {
+    await_change(&pool.pending, left);
+  }
+  uint64_t waited = now_ns() - started - own;
+  if (waited > LATE_NS && waited > own) {
+    atomic_store(&busy_until, now_ns() + BUSY_FOR_NS);
+  }
+  int failed = atomic_load(&pool.failed);
+  pthread_mutex_unlock(&pool.lock);
   return failed;
 }
 
 int TVMBackendParallelBarrier(int task_id, TVMParallelGroupEnv* penv) {
   (void)task_id;
-  (void)penv;
-#pragma omp barrier
+  unsigned count = (unsigned)penv->num_task;
+  if (count <= 1) {
+    return 0; /* a task alone: its launch is not the team's */
+  }
+  unsigned phase = atomic_load(&pool.phase.value);
+  if (atomic_fetch_add(&pool.arrived, 1) + 1 == count) {
+    atomic_store(&pool.arrived, 0);
+    atomic_fetch_add(&pool.phase.value, 1);
+    wake(&pool.phase);
+  } else {
+    await_change(&pool.phase, phase);
+  }
   return 0;
 }

@@ -3,11 +3,15 @@ launch that does it is never one another user could have planted."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -17,7 +21,7 @@ from tvm import te
 import relay_tasks
 from relay_tasks import _parallel
 
-#: Each iteration of a parallel loop writes the OpenMP thread that ran it.
+#: Each iteration of a parallel loop writes the thread that ran it (its Linux thread id).
 TEAM = 64
 
 
@@ -28,9 +32,7 @@ def threads() -> int:
 @pytest.fixture(scope="module")
 def who_ran(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A library whose one parallel loop records, per iteration, the thread that ran it."""
-    out = te.compute(
-        (TEAM,), lambda i: tvm.tir.call_extern("int32", "omp_get_thread_num"), name="who"
-    )
+    out = te.compute((TEAM,), lambda i: tvm.tir.call_extern("int32", "gettid"), name="who")
     schedule = te.create_schedule(out.op)
     schedule[out].parallel(out.op.axis[0])
     built = tvm.build(schedule, [out], target=relay_tasks.host_target())
@@ -45,7 +47,7 @@ RUN = textwrap.dedent(
     run = tvm.runtime.load_module(sys.argv[1])
     out = tvm.nd.array(np.full(64, -1, dtype="int32"))
     run(out)
-    print(sorted(set(out.numpy().tolist())))
+    print(len(set(out.numpy().tolist())))
     """
 )
 
@@ -60,22 +62,131 @@ def test_a_parallel_loop_runs_on_a_thread_per_core(who_ran: Path) -> None:
     assert _parallel.active()
     out = tvm.nd.array(np.full(TEAM, -1, dtype="int32"))
     tvm.runtime.load_module(str(who_ran))(out)
-    # hhb-tvm's own launch ran all 64 on thread 0.
-    assert sorted(set(out.numpy().tolist())) == list(range(threads()))
+    # hhb-tvm's own launch ran all 64 on the calling thread.
+    assert len(set(out.numpy().tolist())) == threads()
 
 
 def test_a_child_that_imports_tvm_first_runs_on_every_core_too(who_ran: Path) -> None:
     """TVM's measuring pool imports tvm before anything of ours (LD_PRELOAD reaches it)."""
     done = subprocess.run([sys.executable, "-c", RUN, str(who_ran)],
                           capture_output=True, text=True, check=True)  # fmt: skip
-    assert done.stdout.strip() == str(list(range(threads())))
+    assert done.stdout.strip() == str(threads())
 
 
 def test_tvm_num_threads_one_runs_on_one(who_ran: Path) -> None:
     env = {**os.environ, "TVM_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, "-c", RUN, str(who_ran)],
                           capture_output=True, text=True, check=True, env=env)  # fmt: skip
-    assert done.stdout.strip() == "[0]"
+    assert done.stdout.strip() == "1"
+
+
+class GroupEnv(ctypes.Structure):
+    _fields_ = [("sync_handle", ctypes.c_void_p), ("num_task", ctypes.c_int32)]
+
+
+Lambda = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.POINTER(GroupEnv), ctypes.c_void_p)
+
+
+@pytest.fixture(scope="module")
+def launch() -> ctypes.CDLL:
+    """The launch TVM-compiled code calls, called as that code calls it (ctypes lets go of the
+    GIL in each call, so the team's tasks run their callbacks in turn and wait in C)."""
+    library = _parallel.install()
+    assert library is not None
+    return ctypes.CDLL(str(library))
+
+
+def _run(launch: ctypes.CDLL, task: Any, num_task: int = 0) -> int:
+    return launch.TVMBackendParallelLaunch(Lambda(task), None, num_task)
+
+
+def test_a_barrier_holds_every_task_until_all_arrive(launch: ctypes.CDLL) -> None:
+    phases: list[tuple[int, int]] = []
+
+    def task(task_id: int, env: Any, _: Any) -> int:
+        for phase in range(50):
+            phases.append((phase, task_id))
+            launch.TVMBackendParallelBarrier(task_id, env)
+        return 0
+
+    assert _run(launch, task) == 0
+    # Every task wrote phase p before any wrote p + 1: the barrier held.
+    assert [phase for phase, _ in phases] == sorted(phase for phase, _ in phases)
+    assert sorted(phases) == [(p, t) for p in range(50) for t in range(threads())]
+
+
+def test_a_failing_task_fails_its_launch_and_the_next_runs(launch: ctypes.CDLL) -> None:
+    assert _run(launch, lambda task_id, env, _: int(task_id == threads() - 1)) == -1
+    ran: list[int] = []
+    assert _run(launch, lambda task_id, env, _: ran.append(task_id) or 0) == 0
+    assert sorted(ran) == list(range(threads()))
+
+
+def test_a_launch_inside_a_task_runs_alone(launch: ctypes.CDLL) -> None:
+    inner: list[tuple[int, int]] = []
+
+    def nested(task_id: int, env: Any, _: Any) -> int:
+        inner.append((task_id, env.contents.num_task))
+        launch.TVMBackendParallelBarrier(task_id, env)  # alone: returns at once
+        return 0
+
+    def outer(task_id: int, env: Any, _: Any) -> int:
+        return _run(launch, nested)
+
+    assert _run(launch, outer) == 0
+    assert inner == [(0, 1)] * threads()
+
+
+def test_fewer_tasks_asked_than_threads_get_that_many(launch: ctypes.CDLL) -> None:
+    seen: list[int] = []
+    assert _run(launch, lambda task_id, env, _: seen.append(env.contents.num_task) or 0, 1) == 0
+    assert seen == [1]
+
+
+def test_after_a_late_team_mate_the_team_waits_busy_only_briefly(launch: ctypes.CDLL) -> None:
+    """A task that ends far behind its caller's is a thread the system took off its core: the
+    machine is busy, and a team-mate waiting busy would take the core it needs."""
+    worker: dict[str, int] = {}
+
+    def late(task_id: int, env: Any, _: Any) -> int:
+        if task_id == 1:
+            worker["thread"] = threading.get_ident()
+            time.sleep(0.005)  # held off its core for 5 ms
+        return 0
+
+    assert _run(launch, late) == 0
+    clock = time.pthread_getcpuclockid(worker["thread"])
+    before = time.clock_gettime(clock)
+    assert _run(launch, lambda *_: 0) == 0
+    time.sleep(0.05)
+    # On a quiet machine it waits busy 2 ms for the next loop; here 50 us, then sleeps.
+    assert time.clock_gettime(clock) - before < 0.0005
+
+
+FORK = textwrap.dedent(
+    """
+    import ctypes, os, sys
+    from relay_tasks import _parallel
+    Lambda = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
+    launch = ctypes.CDLL(str(_parallel.install())).TVMBackendParallelLaunch
+    ran = []
+    task = Lambda(lambda task_id, env, _: ran.append(task_id) or 0)
+    assert launch(task, None, 0) == 0
+    child = os.fork()
+    if child == 0:
+        ran.clear()
+        code = launch(task, None, 0)
+        os._exit(0 if code == 0 and sorted(ran) == list(range(int(sys.argv[1]))) else 3)
+    print(os.waitpid(child, 0)[1])
+    """
+)
+
+
+def test_a_forked_child_starts_a_team_of_its_own() -> None:
+    """The parent's team stays behind in a fork; a child waiting on it would hang."""
+    done = subprocess.run([sys.executable, "-c", FORK, str(threads())], capture_output=True,
+                          text=True, check=True, timeout=60)  # fmt: skip
+    assert done.stdout.strip() == "0"
 
 
 def _fresh(env: dict[str, str], cache: Path) -> dict[str, str]:
