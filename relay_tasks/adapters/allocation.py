@@ -9,7 +9,8 @@ default schedule (measured before tuning) and the best record of earlier tunes. 
 score is its weighted latency so far over the rounds it has had, plus a part for how fast its
 best fell in its last rounds (the shape of upstream's gradient, without the warm-up round):
 measurements go where the latency is, and a task whose curve is flat yields to the others.
-A task of which nothing is known yet (no default, no valid record) is measured first.
+A task of which nothing is known yet (no default, no valid record) is measured first, until
+:data:`FAILED_MEASUREMENTS` of its measurements have all failed.
 
 Where the machine's FMA peak is known, the latency a task is weighed by is what lies above
 its floor (its FLOPs at that peak). TOPI's defaults run BERT-12's dense layers at the FMA
@@ -31,6 +32,10 @@ from .index import Records, as_tally
 ALPHA = 0.2
 #: Rounds over which the recent fall is taken (upstream's window).
 WINDOW = 3
+#: Measurements of a task, none valid, after which it is left (a tiny task's first candidates
+#: can all fail or compute NaN before one is valid; a BERT's dense layers failed 241 times in a
+#: row under Ansor).
+FAILED_MEASUREMENTS = 32
 #: Measurements that count as one round when tasks are weighed: a fixed unit, so that a pass
 #: in small rounds (what a resumed tune has left) weighs tasks as the first pass did.
 ROUND = 16
@@ -98,18 +103,20 @@ class Allocation:
         return best is None or seconds < best
 
     def pick(self, alive: Sequence[int]) -> int | None:
-        """The task of ``alive`` to measure next (None when none is left): the first of which
-        nothing is known, else the highest score (the first of equals)."""
+        """The task of ``alive`` to measure next (None when none is left): of those with no
+        valid latency and fewer than :data:`FAILED_MEASUREMENTS` measurements, the one with
+        the fewest (the first of equals); else the highest score (the first of equals)."""
         if not alive:
             return None
-        unknown = [i for i in alive if self.shares[i].best is None and self.shares[i].trials == 0]
-        if unknown:
-            return unknown[0]
+        unknown = [i for i in alive if self.shares[i].best is None]
+        tried = [self.shares[i].trials for i in unknown]
+        if tried and min(tried) < FAILED_MEASUREMENTS:
+            return unknown[tried.index(min(tried))]
         # Equal scores above the floors (every task left at its floor) go by latency.
         scores = [(self.score(i, self.peak), self.score(i)) for i in alive]
         best = max(scores)
         if best[0] == -math.inf:
-            return None  # every task left failed every measurement: nothing to weigh
+            return None  # every task left failed all its measurements: nothing to weigh
         return alive[scores.index(best)]
 
     def round_done(self, index: int) -> None:

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from relay_tasks.adapters.allocation import ROUND, Allocation, apportion
+from relay_tasks.adapters.allocation import FAILED_MEASUREMENTS, ROUND, Allocation, apportion
 from relay_tasks.adapters.base import Measurement, TunerTask
 
 from zoo import load
@@ -104,13 +104,21 @@ def test_a_task_of_which_nothing_is_known_is_measured_first() -> None:
     assert allocation.pick([0, 1, 2]) == 2
 
 
-def test_a_task_that_only_failed_is_not_picked_again() -> None:
-    allocation = Allocation([_task("a"), _task("b")], [], {})
+def test_a_task_that_only_failed_is_tried_again_until_its_measurements_run_out() -> None:
+    """A first round of two NaN candidates left a task with nothing to weigh, and every later
+    pass measured nothing; a task that never builds still ends the tune."""
+    allocation = Allocation([_task("a"), _task("b"), _task("known")], [], {"known": 1.0})
     allocation.measured(0, None)
-    assert allocation.pick([0, 1]) == 1
+    assert allocation.pick([0, 1, 2]) == 1  # untried first
     allocation.measured(1, None)
     assert allocation.score(0) == -math.inf
-    assert allocation.pick([0, 1]) is None
+    assert allocation.pick([0, 1, 2]) == 0  # the fewest failures next, before any weighed task
+    for _ in range(FAILED_MEASUREMENTS - 1):
+        allocation.measured(0, None)
+    assert allocation.pick([0, 1, 2]) == 1
+    allocation.measured(1, 0.5)  # one valid: weighed from now on
+    assert allocation.pick([0, 1]) == 1
+    assert allocation.pick([0]) is None  # left after its failures ran out
     assert allocation.pick([]) is None
 
 

@@ -16,6 +16,7 @@ from typing import Any
 from tvm import auto_scheduler
 from tvm.target import Target
 
+from ..allocation import FAILED_MEASUREMENTS
 from ..base import (
     Runner,
     Tuned,
@@ -208,11 +209,6 @@ class _Starting:
             auto_scheduler._ffi_api.SearchPolicyRunCallbacks(self.policy, [preload])
         self.scheduler.model.update(inputs, results)
         return inputs, results
-
-
-#: Measurements of a task, none valid, after which it is left (a tiny task's sketches can fail
-#: a few times before one builds; a BERT's dense layers failed 241 times in a row).
-FAILED_MEASUREMENTS = 32
 
 
 class _FromDefaults(auto_scheduler.TaskScheduler):  # type: ignore[misc]
