@@ -151,10 +151,13 @@ def sgemm_peak(n: int = 4096) -> float:
 def timed(model: str, onnx: Path, libraries: dict[str, Path]) -> dict[str, Any]:
     """Runs in a child: every side timed in the same rounds; medians, middle halves, and
     each side's largest difference from ONNX Runtime's outputs."""
+    ours = "GOMP_SPINCOUNT" not in os.environ  # relay-tasks sets it for the tune's libgomp
     from relay_tasks import host_target, load_model  # first: TVM's loops then use every core
 
     import tvm  # isort: skip
 
+    if ours:
+        os.environ.pop("GOMP_SPINCOUNT", None)  # PyTorch's own libgomp reads it at import
     from relay_tasks.tuning.compile import build_untuned, compare, max_difference, random_inputs
     from relay_tasks.tuning.versus import OnnxRuntime
 

@@ -34,6 +34,11 @@ from pathlib import Path
 #: The C source of the launch, shipped beside this module.
 SOURCE = Path(__file__).with_name("parallel_launch.c")
 
+#: How long a thread of the OpenMP runtimes that others load into the process waits busy before
+#: it sleeps (libgomp's ``GOMP_SPINCOUNT``, default 300,000): XGBoost's, in MetaSchedule's cost
+#: model, beside the tune's builds and measurements. TVM-compiled loops no longer run on OpenMP.
+SPINS = 1000
+
 #: The symbol whose definition decides how many threads TVM-compiled loops use.
 LAUNCH = "TVMBackendParallelLaunch"
 
@@ -44,6 +49,7 @@ def install() -> Path | None:
     that does it, or None where it cannot act (tvm already loaded, no C compiler: then a
     warning says so, once, and code runs as hhb-tvm runs it, on one core)."""
     os.environ.setdefault("TVM_NUM_THREADS", str(physical_cores()))
+    os.environ.setdefault("GOMP_SPINCOUNT", str(SPINS))
     preloaded = _preloaded()
     if preloaded is not None:
         return preloaded

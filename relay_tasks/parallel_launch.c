@@ -8,11 +8,12 @@
  *
  * Between two loops the team's threads wait busy for a while before they sleep: a sleeping
  * thread wakes through a system call (in a virtual machine, through the hypervisor too), and a
- * model runs hundreds of loops with gaps of microseconds between them. Waiting busy is a loss
- * where another process wants the cores: then a thread the system took off its core holds up
- * its whole team, and its busy team-mates take the core from it. So the wait adapts: when the
- * caller waited for the team far longer than its own task took, a thread was off its core, and
- * for a while the team waits busy only briefly.
+ * model runs hundreds of loops with short gaps between them. Waiting busy is a loss where the
+ * process does other work between few loops (a compile folding constants, a tune), and where
+ * another process wants the cores: then a thread the system took off its core holds up its
+ * whole team, and its busy team-mates take the core from it. So the wait adapts: it is long
+ * only after a run of loops in a row, and never for a while after the caller waited for its
+ * team far longer than its own task took (a thread was off its core).
  */
 #define _GNU_SOURCE
 #include <limits.h>
@@ -34,11 +35,13 @@ typedef int (*FTVMParallelLambda)(int task_id, TVMParallelGroupEnv* penv, void* 
 
 /* How long a waiting thread stays busy on a quiet machine, and after a sign of a busy one. */
 #define QUIET_SPIN_NS 2000000ULL
-#define BUSY_SPIN_NS 50000ULL
+#define BUSY_SPIN_NS 10000ULL
 /* A caller that waited this long, and longer than its own task, saw a team-mate off its core;
  * the team then spins briefly for the next BUSY_FOR_NS. */
 #define LATE_NS 500000ULL
 #define BUSY_FOR_NS 200000000ULL
+/* Loops in a row, each within QUIET_SPIN_NS of the last, before a worker waits long. */
+#define IN_A_ROW 8
 #define MAX_TEAM 512
 
 static uint64_t now_ns(void) {
@@ -64,15 +67,24 @@ typedef struct {
 
 static atomic_ullong busy_until; /* now_ns() before which the machine is taken as busy */
 
+/* Loops in a row whose next loop came within QUIET_SPIN_NS. A model's run is hundreds of loops
+ * in a row; a compile that folds constants, a test, a Python loop over a few runs are a few
+ * loops then a long gap, where a worker waiting busy at the end of each only takes a core
+ * another process wants. */
+static atomic_uint in_a_row;
+
+static int busy(void) {
+  return now_ns() < atomic_load(&busy_until);
+}
+
 static void wake(Word* word) {
   if (atomic_load(&word->sleepers) != 0) {
     syscall(SYS_futex, &word->value, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
   }
 }
 
-/* Returns once word->value differs from seen: busy for a while, then asleep. */
-static void await_change(Word* word, unsigned seen) {
-  uint64_t budget = now_ns() < atomic_load(&busy_until) ? BUSY_SPIN_NS : QUIET_SPIN_NS;
+/* Returns once word->value differs from seen, busy for up to budget ns, then asleep. */
+static void await_change(Word* word, unsigned seen, uint64_t budget) {
   uint64_t start = 0;
   for (unsigned turn = 1; atomic_load(&word->value) == seen; ++turn) {
     relax();
@@ -90,6 +102,22 @@ static void await_change(Word* word, unsigned seen) {
       atomic_fetch_sub(&word->sleepers, 1);
       return;
     }
+  }
+}
+
+/* Whether a wait may be long: in a run of loops, on a quiet machine. */
+static int long_waits(void) {
+  return atomic_load(&in_a_row) >= IN_A_ROW && !busy();
+}
+
+/* A worker's wait for the next loop: long only in a run of loops, and on a quiet machine. */
+static void await_job(Word* word, unsigned seen) {
+  uint64_t started = now_ns();
+  await_change(word, seen, long_waits() ? QUIET_SPIN_NS : BUSY_SPIN_NS);
+  if (now_ns() - started < QUIET_SPIN_NS) {
+    atomic_fetch_add(&in_a_row, 1);
+  } else {
+    atomic_store(&in_a_row, 0);
   }
 }
 
@@ -128,7 +156,7 @@ static void* work(void* arg) {
   unsigned seen = pool.first_job;
   in_task = 1;
   for (;;) {
-    await_change(&pool.job, seen);
+    await_job(&pool.job, seen);
     seen = atomic_load(&pool.job.value); /* the next job waits for every worker: one step */
     finish(id, pool.num_task);
   }
@@ -199,6 +227,8 @@ int TVMBackendParallelLaunch(FTVMParallelLambda lambda, void* cdata, int num_tas
   pool.num_task = threads;
   atomic_store(&pool.failed, 0);
   atomic_store(&pool.pending.value, (unsigned)pool.workers);
+  /* A worker woken from sleep is late by the system's wake-up, not for want of a core. */
+  int asleep = atomic_load(&pool.job.sleepers) != 0;
   atomic_fetch_add(&pool.job.value, 1);
   wake(&pool.job);
 
@@ -210,11 +240,17 @@ int TVMBackendParallelLaunch(FTVMParallelLambda lambda, void* cdata, int num_tas
   }
   in_task = 0;
   uint64_t own = now_ns() - started;
+  /* Team-mates later than the caller's own task took are likelier off their cores than slow:
+   * waiting busy longer would hold a core one of them needs. */
+  uint64_t patience = BUSY_SPIN_NS;
+  if (long_waits() && own > patience) {
+    patience = own < QUIET_SPIN_NS ? own : QUIET_SPIN_NS;
+  }
   for (unsigned left; (left = atomic_load(&pool.pending.value)) != 0;) {
-    await_change(&pool.pending, left);
+    await_change(&pool.pending, left, patience);
   }
   uint64_t waited = now_ns() - started - own;
-  if (waited > LATE_NS && waited > own) {
+  if (waited > LATE_NS && waited > own && (!asleep || busy())) {
     atomic_store(&busy_until, now_ns() + BUSY_FOR_NS);
   }
   int failed = atomic_load(&pool.failed);
@@ -234,7 +270,7 @@ int TVMBackendParallelBarrier(int task_id, TVMParallelGroupEnv* penv) {
     atomic_fetch_add(&pool.phase.value, 1);
     wake(&pool.phase);
   } else {
-    await_change(&pool.phase, phase);
+    await_change(&pool.phase, phase, long_waits() ? QUIET_SPIN_NS : BUSY_SPIN_NS);
   }
   return 0;
 }

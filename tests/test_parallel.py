@@ -143,24 +143,56 @@ def test_fewer_tasks_asked_than_threads_get_that_many(launch: ctypes.CDLL) -> No
     assert seen == [1]
 
 
-def test_after_a_late_team_mate_the_team_waits_busy_only_briefly(launch: ctypes.CDLL) -> None:
-    """A task that ends far behind its caller's is a thread the system took off its core: the
-    machine is busy, and a team-mate waiting busy would take the core it needs."""
+def _worker(launch: ctypes.CDLL) -> int:
+    """The clock of the team's second thread (the CPU time it has spent)."""
     worker: dict[str, int] = {}
 
-    def late(task_id: int, env: Any, _: Any) -> int:
+    def note(task_id: int, env: Any, _: Any) -> int:
         if task_id == 1:
             worker["thread"] = threading.get_ident()
-            time.sleep(0.005)  # held off its core for 5 ms
         return 0
 
-    assert _run(launch, late) == 0
-    clock = time.pthread_getcpuclockid(worker["thread"])
+    assert _run(launch, note) == 0
+    return time.pthread_getcpuclockid(worker["thread"])
+
+
+def _busy_after_the_next_loop(launch: ctypes.CDLL, clock: int) -> float:
+    """Seconds the worker waits busy after one more loop (then the caller sleeps)."""
     before = time.clock_gettime(clock)
     assert _run(launch, lambda *_: 0) == 0
     time.sleep(0.05)
-    # On a quiet machine it waits busy 2 ms for the next loop; here 50 us, then sleeps.
-    assert time.clock_gettime(clock) - before < 0.0005
+    return time.clock_gettime(clock) - before
+
+
+def _a_run_of_loops(launch: ctypes.CDLL) -> None:
+    time.sleep(0.25)  # past any busy machine seen before
+    for _ in range(50):  # in a row: the worker waits long between them
+        assert _run(launch, lambda *_: 0) == 0
+
+
+def test_after_a_late_team_mate_the_team_waits_busy_only_briefly(launch: ctypes.CDLL) -> None:
+    """A task that ends far behind its caller's is a thread the system took off its core: the
+    machine is busy, and a team-mate waiting busy would take the core it needs."""
+    clock = _worker(launch)
+
+    def late(task_id: int, env: Any, _: Any) -> int:
+        if task_id == 1:
+            time.sleep(0.005)  # held off its core for 5 ms
+        return 0
+
+    _a_run_of_loops(launch)
+    assert _run(launch, late) == 0
+    # After a run of loops on a quiet machine it waits busy 2 ms; here 10 us, then sleeps.
+    assert _busy_after_the_next_loop(launch, clock) < 0.0005
+
+
+def test_loops_far_apart_leave_the_team_asleep_between_them(launch: ctypes.CDLL) -> None:
+    """A compile folding constants, or a tune, runs a few loops between long stretches of
+    other work: a worker waiting 2 ms busy after each takes a core another process wants."""
+    clock = _worker(launch)
+    _a_run_of_loops(launch)
+    time.sleep(0.01)  # longer than a wait busy: the run of loops ends
+    assert _busy_after_the_next_loop(launch, clock) < 0.0005
 
 
 FORK = textwrap.dedent(
