@@ -33,7 +33,7 @@ typedef struct {
 
 typedef int (*FTVMParallelLambda)(int task_id, TVMParallelGroupEnv* penv, void* cdata);
 
-/* How long a waiting thread stays busy on a quiet machine, and after a sign of a busy one. */
+/* How long a waiting thread stays busy: in a run of loops on a quiet machine; else. */
 #define QUIET_SPIN_NS 2000000ULL
 #define BUSY_SPIN_NS 10000ULL
 /* A caller that waited this long, and longer than its own task, saw a team-mate off its core;
