@@ -42,6 +42,9 @@ typedef int (*FTVMParallelLambda)(int task_id, TVMParallelGroupEnv* penv, void* 
 #define BUSY_FOR_NS 200000000ULL
 /* Loops in a row, each within QUIET_SPIN_NS of the last, before a worker waits long. */
 #define IN_A_ROW 8
+/* The longest a sleeper sleeps before it looks at its word again: should a wake-up ever be
+ * lost, its loop is late by this much instead of hung. */
+#define NAP_NS 100000000L
 #define MAX_TEAM 512
 
 static uint64_t now_ns(void) {
@@ -95,9 +98,10 @@ static void await_change(Word* word, unsigned seen, uint64_t budget) {
     if (start == 0) {
       start = now;
     } else if (now - start > budget) {
+      const struct timespec nap = {0, NAP_NS};
       atomic_fetch_add(&word->sleepers, 1);
       while (atomic_load(&word->value) == seen) {
-        syscall(SYS_futex, &word->value, FUTEX_WAIT_PRIVATE, seen, NULL, NULL, 0);
+        syscall(SYS_futex, &word->value, FUTEX_WAIT_PRIVATE, seen, &nap, NULL, 0);
       }
       atomic_fetch_sub(&word->sleepers, 1);
       return;

@@ -5,7 +5,9 @@ TFLite flatbuffer. Built once per session with seeded random weights; nothing is
 
 from __future__ import annotations
 
+import atexit
 import functools
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -161,7 +163,9 @@ def onnx_file(name: str) -> Path:
 
 @functools.cache
 def _folder() -> str:
-    return tempfile.mkdtemp(prefix="relay-tasks-frontends-")
+    folder = tempfile.mkdtemp(prefix="relay-tasks-frontends-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)  # 45 MB a session, else left
+    return folder
 
 
 @functools.cache

@@ -221,6 +221,61 @@ def test_a_forked_child_starts_a_team_of_its_own() -> None:
     assert done.stdout.strip() == "0"
 
 
+#: Compiled into the launch ahead of its own code: every ``syscall`` goes to ``lossy_syscall``.
+LOSSY_HEADER = "#define syscall(...) lossy_syscall(__VA_ARGS__)\n"
+
+#: ``lossy_syscall``: the system call, except that every futex wake-up is dropped.
+LOSSY_SOURCE = textwrap.dedent(
+    """
+    #define _GNU_SOURCE
+    #include <linux/futex.h>
+    #include <stdarg.h>
+    #include <sys/syscall.h>
+    #include <unistd.h>
+    long lossy_syscall(long number, ...) {
+      va_list args;
+      long a[6];
+      va_start(args, number);
+      for (int i = 0; i < 6; ++i) a[i] = va_arg(args, long);
+      va_end(args);
+      if (number == SYS_futex && ((int)a[1] & FUTEX_CMD_MASK) == FUTEX_WAKE) return 0;
+      return syscall(number, a[0], a[1], a[2], a[3], a[4], a[5]);
+    }
+    """
+)
+
+ASLEEP = textwrap.dedent(
+    """
+    import ctypes, sys, time
+    Lambda = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
+    launch = ctypes.CDLL(sys.argv[1]).TVMBackendParallelLaunch
+    ran = []
+    task = Lambda(lambda task_id, env, _: ran.append(task_id) or 0)
+    for _ in range(3):
+        time.sleep(0.05)  # long enough for the team to fall asleep
+        assert launch(task, None, 0) == 0
+    print(len(ran))
+    """
+)
+
+
+def test_a_lost_wake_up_delays_a_loop_and_never_hangs_it(tmp_path: Path) -> None:
+    """The launch built so that no sleeping thread is ever woken: each sleep must end by
+    itself, so the loops still run, late."""
+    (tmp_path / "lossy.h").write_text(LOSSY_HEADER)
+    (tmp_path / "lossy.c").write_text(LOSSY_SOURCE)
+    lossy = tmp_path / "lossy.o"
+    subprocess.run(["gcc", "-c", "-O2", "-fPIC", str(tmp_path / "lossy.c"), "-o", str(lossy)],
+                   check=True)  # fmt: skip
+    library = tmp_path / "launch.so"
+    subprocess.run(["gcc", "-O2", "-fPIC", "-shared", "-pthread", "-include",
+                    str(tmp_path / "lossy.h"), str(_parallel.SOURCE), str(lossy), "-o",
+                    str(library)], check=True)  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", ASLEEP, str(library)], capture_output=True,
+                          text=True, check=True, timeout=10)  # fmt: skip
+    assert done.stdout.strip() == str(3 * threads())
+
+
 def _fresh(env: dict[str, str], cache: Path) -> dict[str, str]:
     """A process of its own, with ``cache`` for the built launch and nothing preloaded."""
     env = {k: v for k, v in env.items() if k not in ("LD_PRELOAD", "TVM_NUM_THREADS")}
