@@ -152,6 +152,13 @@ def build_parser() -> argparse.ArgumentParser:
         "the same rounds (pip install 'relay-tasks[versus]')",
     )
     build.add_argument(
+        "--profile",
+        action="store_true",
+        help="also run the library on this machine and print each fused function's calls and "
+        "their time inside the model, slowest first (where a tuned model's time goes: tasks "
+        "timed alone, as a tune times them, run faster with their weights in cache)",
+    )
+    build.add_argument(
         "--untuned",
         action="store_true",
         help="build even where the records cover none of the model's tasks (TVM's default "
@@ -518,7 +525,9 @@ def _status_verb(args: argparse.Namespace) -> int:
 
 def _compile(args: argparse.Namespace) -> int:
     from .adapters.untuned import naive_calls
+    from .adapters.verify import runs_here
     from .host import check_runs_here
+    from .inputs import host_target
     from .tuning import compile as building
     from .tuning.logs import set_aside_cut_lines
     from .tuning.tune import parse_tracker, tuned_for
@@ -543,6 +552,12 @@ def _compile(args: argparse.Namespace) -> int:
     chosen = building.plan(mod, params, args.work_dir)
     if args.benchmark and not tracker:
         check_runs_here(chosen.target, doing="benchmark")
+    if args.profile and not runs_here(chosen.target):
+        raise UsageError(
+            f"--profile runs the library on this machine's CPU, which cannot run code for "
+            f"'{str(chosen.target).strip()}'; profile a work dir tuned for this CPU "
+            f"(--target '{host_target()}')"
+        )
     if not chosen.tuned and chosen.tasks and not args.untuned:
         raise UsageError(building.uncovered(source, chosen, args.work_dir))
     set_aside_cut_lines(Path(args.work_dir), chosen.adapter)
@@ -571,9 +586,10 @@ def _compile(args: argparse.Namespace) -> int:
               f"said above (TVM's messages: {Path(args.work_dir) / 'tune.log'})",
               file=sys.stderr)  # fmt: skip
     print(f"{source}: {len(chosen.tuned)}/{len(chosen.tasks)} tasks tuned, library in {path}")
+    inputs = building.random_inputs(plain, plain_params)
+    tuned = None
     if args.benchmark:
         remote = _remote(tracker, args.rpc_key) if tracker else None
-        inputs = building.random_inputs(plain, plain_params)
         untuned_factory = building.build_untuned(plain, plain_params, chosen.target)
         others = []
         if args.versus:
@@ -590,6 +606,9 @@ def _compile(args: argparse.Namespace) -> int:
                   "can add layout conversions between tasks)", file=sys.stderr)  # fmt: skip
         for other, run in zip(others, rest, strict=True):
             print(building.versus(tuned, run, other.name))
+    if args.profile:
+        timed_here = None if tracker else tuned
+        print(building.format_profile(building.profile(factory, inputs), timed_here))
     return 0
 
 

@@ -723,6 +723,42 @@ def test_compile_builds_with_the_work_dirs_records_and_benchmarks(
     assert ran_on == [(2, "the device")]  # the tuned build and the untuned one, in turn
 
 
+def test_compile_profiles_the_library_it_built(tiny_model, tmp_path, capsys) -> None:
+    """--profile prints, after the library's line, each function's time in the model; with
+    --benchmark, beside the model's own latency. A work dir for a GPU is refused before
+    anything is built."""
+    work = tmp_path / "w"
+    work.mkdir()
+    _task_file(tiny_model, work / "tasks.json", "meta_schedule", HOST)
+    text, params = tiny_model
+    library = tmp_path / "tiny.tar"
+    argv = ["compile", str(text), "--params", str(params), "--work-dir", str(work),
+            "-o", str(library), "--untuned", "--profile"]  # fmt: skip
+    capsys.readouterr()
+    assert main(argv) == 0
+    built, header, row, total = capsys.readouterr().out.splitlines()
+    assert built == f"{text}: 0/1 tasks tuned, library in {library}"
+    assert header.split() == ["ms", "in", "model", "share", "calls", "function"]
+    assert row.split()[1:3] == ["100.0%", "1"]  # the model is one call of one function
+    assert row.split()[3].startswith("fused_nn_") and "dense" in row.split()[3]
+    assert float(row.split()[0]) > 0
+    assert total.strip().startswith(f"the calls add up to {row.split()[0]} ms (")
+    assert main([*argv, "--benchmark"]) == 0
+    *_, total = capsys.readouterr().out.splitlines()
+    assert re.search(r"; the model ran [0-9.e-]+ ms \(the graph executor between them\)", total)
+    gpu = tmp_path / "gpu"
+    gpu.mkdir()
+    _task_file(tiny_model, gpu / "tasks.json", "meta_schedule", CUDA)
+    written = library.stat().st_mtime_ns
+    capsys.readouterr()
+    assert main([*argv[:5], str(gpu), *argv[6:]]) == EXIT_USAGE
+    assert capsys.readouterr().err.startswith(
+        "relay-tasks: error: --profile runs the library on this machine's CPU, which cannot run "
+        "code for 'cuda"
+    )
+    assert library.stat().st_mtime_ns == written  # refused before building
+
+
 def test_serve_registers_at_the_tracker_until_interrupted(monkeypatch, capsys) -> None:
     import relay_tasks.cli as cli
     import relay_tasks.rpc as rpc

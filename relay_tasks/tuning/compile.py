@@ -306,6 +306,68 @@ def _graph(
     return graph, device
 
 
+@dataclass(frozen=True)
+class Share:
+    """One fused function's part of a model's run: its calls and their time in the model."""
+
+    function: str
+    calls: int
+    seconds: float
+
+
+#: Runs a profile takes the median of: one run's per-call timers vary by a tenth and more.
+PROFILE_RUNS = 15
+
+
+def profile(factory: Any, inputs: dict[str, np.ndarray[Any, Any]]) -> list[Share]:
+    """Each fused function's time inside the model, slowest first: per run, the time of its
+    calls added up, timed by TVM's debug executor as the model runs; the median over
+    :data:`PROFILE_RUNS` runs.
+    A tuner times a candidate alone, over and over, its weights in cache; in the model each
+    weight comes from memory once a run (BERT-2's dense layers: 2.6-3.0 ms a call in the model,
+    2.1 alone, 1.8 as their records were measured), so these are the figures that say which
+    tasks hold a model back."""
+    import tvm
+
+    debug = factory["debug_create"]("default", tvm.cpu(0))
+    for key, value in inputs.items():
+        debug["set_input"](key, tvm.nd.array(value))
+    debug["run"]()  # warm-up
+    seconds: dict[str, list[float]] = {}
+    calls: dict[str, int] = {}
+    for _ in range(PROFILE_RUNS):
+        one: dict[str, float] = {}
+        count: dict[str, int] = {}
+        for call in debug["profile"](None).calls:
+            name = _function_name(str(call["Name"]))
+            one[name] = one.get(name, 0.0) + float(call["Duration (us)"].microseconds) * 1e-6
+            count[name] = count.get(name, 0) + 1
+        for name, total in one.items():
+            seconds.setdefault(name, []).append(total)
+        calls = count
+    shares = [Share(name, calls[name], float(np.median(times))) for name, times in seconds.items()]
+    return sorted(shares, key=lambda share: -share.seconds)
+
+
+def _function_name(name: str) -> str:
+    """The function's name as task names read (the build prefixes ``tvmgen_default_``)."""
+    return name.removeprefix("tvmgen_default_")
+
+
+def format_profile(shares: Sequence[Share], model: Run | None = None) -> str:
+    """The table :func:`profile` gives, with the model's own latency where it was timed."""
+    total = sum(share.seconds for share in shares)
+    lines = ["  ms in model   share  calls  function"]
+    for share in shares:
+        lines.append(f"{share.seconds * 1e3:13.4g}  {share.seconds / total:6.1%}  "
+                     f"{share.calls:5d}  {share.function}")  # fmt: skip
+    end = f"the calls add up to {total * 1e3:.4g} ms"
+    if model is not None:
+        end += f"; the model ran {model.seconds * 1e3:.4g} ms (the graph executor between them)"
+    lines.append(f"  {end} (TVM's debug executor, median of {PROFILE_RUNS} runs)")
+    return "\n".join(lines)
+
+
 def summary(tuned: Run, untuned: Run) -> str:
     """Both latencies as medians with the middle half of their repeats, which is faster in
     words (no verdict where the two overlap), and how far apart their outputs are on the same

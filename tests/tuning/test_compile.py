@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pytest
 import tvm
 from tvm import relay
 
+import relay_tasks
 from relay_tasks.cli import main
 from relay_tasks.loaders import load_model
 from relay_tasks.tuning import compile as building
@@ -604,3 +606,36 @@ def test_onnxruntime_that_cannot_run_the_model_is_one_error(tmp_path) -> None:
     path.write_bytes(b"\x08\x07garbage")
     with pytest.raises(ModelError, match=rf"^ONNX Runtime cannot run {re.escape(str(path))}: "):
         OnnxRuntime(path, {}).time(1, 1)
+
+
+def test_a_profile_gives_each_functions_calls_and_time_in_the_model() -> None:
+    """A wide dense layer between two calls of one small one: the profile counts the calls the
+    graph makes of each function, and puts the wide layer, with nearly all the work, first."""
+    rng = np.random.default_rng(0)
+    data = relay.var("data", shape=(64, 256))
+
+    def dense(x: relay.Expr, units: int, width: int) -> relay.Expr:
+        weight = relay.const(rng.standard_normal((units, width)).astype("float32"))
+        return relay.nn.relu(relay.nn.dense(x, weight))
+
+    small = dense(dense(data, 256, 256), 256, 256)  # one function, two calls
+    wide = dense(small, 2048, 256)  # four times the FLOPs of both small calls
+    mod = tvm.IRModule.from_expr(relay.Function([data], relay.sum(wide, axis=1)))
+    factory = building.build_untuned(mod, {}, relay_tasks.host_target())
+    nodes = json.loads(factory.get_graph_json())["nodes"]
+    calls: dict[str, int] = {}
+    for node in nodes:
+        if node["op"] == "tvm_op":
+            name = node["attrs"]["func_name"].removeprefix("tvmgen_default_")
+            calls[name] = calls.get(name, 0) + 1
+    inputs = {"data": rng.standard_normal((64, 256)).astype("float32")}
+    shares = building.profile(factory, inputs)
+    assert {share.function: share.calls for share in shares} == calls
+    assert sorted(calls.values()) == [1, 1, 2]  # the small layer's function twice, then sum
+    assert all(share.seconds > 0 for share in shares)
+    assert [share.seconds for share in shares] == sorted((s.seconds for s in shares), reverse=True)
+    assert shares[0].calls == 1 and "dense" in shares[0].function
+    table = building.format_profile(shares).splitlines()
+    assert len(table) == len(shares) + 2
+    assert table[1].split()[-2:] == ["1", shares[0].function]
+    assert "the calls add up to" in table[-1] and "the model ran" not in table[-1]
