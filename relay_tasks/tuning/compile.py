@@ -355,16 +355,19 @@ def _function_name(name: str) -> str:
 
 
 def format_profile(shares: Sequence[Share], model: Run | None = None) -> str:
-    """The table :func:`profile` gives, with the model's own latency where it was timed."""
+    """The table :func:`profile` gives (a call's time compares with ``status``'s best), with
+    the model's own latency where it was timed."""
     total = sum(share.seconds for share in shares)
-    lines = ["  ms in model   share  calls  function"]
+    lines = ["  ms in model   share  calls  ms a call  function"]
     for share in shares:
         lines.append(f"{share.seconds * 1e3:13.4g}  {share.seconds / total:6.1%}  "
-                     f"{share.calls:5d}  {share.function}")  # fmt: skip
-    end = f"the calls add up to {total * 1e3:.4g} ms"
+                     f"{share.calls:5d}  {share.seconds / share.calls * 1e3:9.4g}  "
+                     f"{share.function}")  # fmt: skip
+    end = (f"the calls add up to {total * 1e3:.4g} ms (TVM's debug executor, median of "
+           f"{PROFILE_RUNS} runs)")  # fmt: skip
     if model is not None:
-        end += f"; the model ran {model.seconds * 1e3:.4g} ms (the graph executor between them)"
-    lines.append(f"  {end} (TVM's debug executor, median of {PROFILE_RUNS} runs)")
+        end += f"; the model ran {model.seconds * 1e3:.4g} ms, the rest between the calls"
+    lines.append(f"  {end}")
     return "\n".join(lines)
 
 

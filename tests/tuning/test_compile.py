@@ -637,5 +637,7 @@ def test_a_profile_gives_each_functions_calls_and_time_in_the_model() -> None:
     assert shares[0].calls == 1 and "dense" in shares[0].function
     table = building.format_profile(shares).splitlines()
     assert len(table) == len(shares) + 2
-    assert table[1].split()[-2:] == ["1", shares[0].function]
+    assert table[1].split()[2] == "1" and table[1].split()[-1] == shares[0].function
+    two = next(line.split() for line in table if line.split()[2] == "2")  # the small layer
+    assert float(two[3]) == pytest.approx(float(two[0]) / 2, rel=2e-3)  # a call's time
     assert "the calls add up to" in table[-1] and "the model ran" not in table[-1]
