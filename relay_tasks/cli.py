@@ -586,7 +586,7 @@ def _compile(args: argparse.Namespace) -> int:
               f"said above (TVM's messages: {Path(args.work_dir) / 'tune.log'})",
               file=sys.stderr)  # fmt: skip
     print(f"{source}: {len(chosen.tuned)}/{len(chosen.tasks)} tasks tuned, library in {path}")
-    inputs = building.random_inputs(plain, plain_params)
+    inputs = building.random_inputs(plain, plain_params) if args.benchmark or args.profile else {}
     tuned = None
     if args.benchmark:
         remote = _remote(tracker, args.rpc_key) if tracker else None
