@@ -109,15 +109,15 @@ static void await_change(Word* word, unsigned seen, uint64_t budget) {
   }
 }
 
-/* Whether a wait may be long: in a run of loops, on a quiet machine. */
-static int long_waits(void) {
-  return atomic_load(&in_a_row) >= IN_A_ROW && !busy();
+/* How long a wait may stay busy: long only in a run of loops, on a quiet machine. */
+static uint64_t spin_budget(void) {
+  return atomic_load(&in_a_row) >= IN_A_ROW && !busy() ? QUIET_SPIN_NS : BUSY_SPIN_NS;
 }
 
-/* A worker's wait for the next loop: long only in a run of loops, and on a quiet machine. */
+/* A worker's wait for the next loop, counting the loops that come in a row. */
 static void await_job(Word* word, unsigned seen) {
   uint64_t started = now_ns();
-  await_change(word, seen, long_waits() ? QUIET_SPIN_NS : BUSY_SPIN_NS);
+  await_change(word, seen, spin_budget());
   if (now_ns() - started < QUIET_SPIN_NS) {
     atomic_fetch_add(&in_a_row, 1);
   } else {
@@ -246,9 +246,9 @@ int TVMBackendParallelLaunch(FTVMParallelLambda lambda, void* cdata, int num_tas
   uint64_t own = now_ns() - started;
   /* Team-mates later than the caller's own task took are likelier off their cores than slow:
    * waiting busy longer would hold a core one of them needs. */
-  uint64_t patience = BUSY_SPIN_NS;
-  if (long_waits() && own > patience) {
-    patience = own < QUIET_SPIN_NS ? own : QUIET_SPIN_NS;
+  uint64_t patience = spin_budget();
+  if (patience > BUSY_SPIN_NS && own < patience) {
+    patience = own > BUSY_SPIN_NS ? own : BUSY_SPIN_NS;
   }
   for (unsigned left; (left = atomic_load(&pool.pending.value)) != 0;) {
     await_change(&pool.pending, left, patience);
@@ -274,7 +274,7 @@ int TVMBackendParallelBarrier(int task_id, TVMParallelGroupEnv* penv) {
     atomic_fetch_add(&pool.phase.value, 1);
     wake(&pool.phase);
   } else {
-    await_change(&pool.phase, phase, long_waits() ? QUIET_SPIN_NS : BUSY_SPIN_NS);
+    await_change(&pool.phase, phase, spin_budget());
   }
   return 0;
 }

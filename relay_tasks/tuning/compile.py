@@ -339,7 +339,7 @@ def profile(factory: Any, inputs: dict[str, np.ndarray[Any, Any]]) -> list[Share
         one: dict[str, float] = {}
         count: dict[str, int] = {}
         for call in debug["profile"](None).calls:
-            name = _function_name(str(call["Name"]))
+            name = str(call["Name"]).removeprefix("tvmgen_default_")  # as task names read
             one[name] = one.get(name, 0.0) + float(call["Duration (us)"].microseconds) * 1e-6
             count[name] = count.get(name, 0) + 1
         for name, total in one.items():
@@ -347,11 +347,6 @@ def profile(factory: Any, inputs: dict[str, np.ndarray[Any, Any]]) -> list[Share
         calls = count
     shares = [Share(name, calls[name], float(np.median(times))) for name, times in seconds.items()]
     return sorted(shares, key=lambda share: -share.seconds)
-
-
-def _function_name(name: str) -> str:
-    """The function's name as task names read (the build prefixes ``tvmgen_default_``)."""
-    return name.removeprefix("tvmgen_default_")
 
 
 def format_profile(shares: Sequence[Share], model: Run | None = None) -> str:
