@@ -440,7 +440,8 @@ def test_each_measurement_is_on_disk_as_it_completes(tmp_path) -> None:
     records = raw_measurements(tmp_path, "meta_schedule")
     # A candidate that failed to build never reached the runner: its failure is recorded too.
     valid = [s for _, s in records if s is not None]
-    assert len(valid) == 2 and all(0 < s < 1 for s in valid)
+    causes = [p.read_text() for p in tmp_path.glob("*errors*")]  # what a failure was, if any
+    assert len(valid) == 2 and all(0 < s < 1 for s in valid), (records, causes)
 
 
 _DESIGN_SPACE = """
