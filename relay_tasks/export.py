@@ -19,10 +19,8 @@ import hashlib
 import json
 import os
 import select
-import shutil
 import signal
 import stat
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +32,7 @@ from .adapters import ADAPTERS, Adapter, TunerTask, get_adapter
 from .errors import ModelError, describe_failure
 from .inputs import as_target
 from .sandbox import confine
+from .scratch import scratch_dir
 from .targets import target_problem
 
 FORMAT = "relay-tasks/3"
@@ -184,32 +183,31 @@ def _crash_in_a_child(derive: Callable[[Callable[[int], None]], object]) -> tupl
     :data:`LOWERING_SECONDS` on) with what happened, or None if it finished (then the same
     work, deterministic, is done here: tasks are TVM objects, which no child can hand back as
     data, so this child is a proving ground, not a wall)."""
-    scratch = tempfile.mkdtemp(prefix="relay-tasks-sandbox-")
-    reader, writer = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: confined, quiet, and gone without running any exit handler
-        os.close(reader)
-        faulthandler.disable()  # a crash here is the answer, not something to report
-        quiet = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(quiet, 1)
-        os.dup2(quiet, 2)
-        confine(Path(scratch))
+    with scratch_dir("sandbox") as scratch:
+        reader, writer = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: confined, quiet, and gone without running any exit handler
+            os.close(reader)
+            faulthandler.disable()  # a crash here is the answer, not something to report
+            quiet = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(quiet, 1)
+            os.dup2(quiet, 2)
+            confine(scratch)
 
-        def report(index: int) -> None:
-            os.write(writer, index.to_bytes(4, "little"))
+            def report(index: int) -> None:
+                os.write(writer, index.to_bytes(4, "little"))
 
-        try:
-            derive(report)
-        finally:
-            os._exit(0)
-    os.close(writer)
-    reached = b""
-    with os.fdopen(reader, "rb", buffering=0) as progress:
-        while chunk := _next_report(progress, pid):
-            reached += chunk
-    index = int.from_bytes(reached[-4:], "little") if len(reached) >= 4 else 0
-    _, status = os.waitpid(pid, 0)
-    shutil.rmtree(scratch, ignore_errors=True)
+            try:
+                derive(report)
+            finally:
+                os._exit(0)
+        os.close(writer)
+        reached = b""
+        with os.fdopen(reader, "rb", buffering=0) as progress:
+            while chunk := _next_report(progress, pid):
+                reached += chunk
+        index = int.from_bytes(reached[-4:], "little") if len(reached) >= 4 else 0
+        _, status = os.waitpid(pid, 0)
     if chunk is None:
         return index, f"takes TVM more than {LOWERING_SECONDS:g} s to lower"
     if os.WIFSIGNALED(status):

@@ -40,6 +40,7 @@ from pathlib import Path
 from . import errors
 from .errors import ModelError, RelayTasksError, UsageError
 from .files import write_all
+from .scratch import scratch_dir
 
 #: The address space a child may take, and how many CPU seconds it may use.
 MEMORY = "RELAY_TASKS_SANDBOX_MEMORY"
@@ -179,13 +180,13 @@ def run_confined(work: Callable[[], Pieces], what: str) -> memoryview:
 
     The child writes its answer into an anonymous memory file and the parent maps it (a
     100 MB answer took 0.31 s through a pipe); the pipe only tells when the child is done."""
-    with tempfile.TemporaryDirectory(prefix="relay-tasks-sandbox-") as scratch:
+    with scratch_dir("sandbox") as scratch:
         answer = os.memfd_create("relay-tasks-answer", os.MFD_CLOEXEC)
         reader, writer = os.pipe()
         pid = os.fork()
         if pid == 0:  # pragma: no cover (the child; its outcome is what the tests check)
             os.close(reader)
-            _child(work, Path(scratch), answer)
+            _child(work, scratch, answer)
         os.close(writer)
         try:
             _wait_for_eof(reader, pid, cpu_limit() * 2 + 60)

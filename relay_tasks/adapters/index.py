@@ -34,6 +34,7 @@ from typing import Any
 
 from ..errors import ModelError
 from ..files import line_at, open_regular, read_regular, write_all
+from ..scratch import scratch_dir
 from .base import Adapter, Line, Measurement, RecordFiles, TunerTask, failure, scan
 from .journal import append, locked
 
@@ -378,8 +379,8 @@ def records_of(
     what a build applies or a search seeds from, where the tuner's own reader would decode
     every line of the log."""
     chosen = best_records(read, files, work_dir, [t.key for t in tasks], keep)
-    with tempfile.TemporaryDirectory(prefix="relay-tasks-records-") as folder:
-        path = Path(folder) / files.records
+    with scratch_dir("records") as folder:
+        path = folder / files.records
         path.write_text("".join(line.text + "\n" for line, _ in chosen))
         yield path
 

@@ -22,7 +22,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -41,6 +40,7 @@ from ..export import TaskFile, dumps, load_tasks, tasks_document
 from ..files import read_regular
 from ..host import check_runs_here
 from ..inputs import TargetLike, as_target
+from ..scratch import scratch_dir
 from .defaults import read_alike, read_defaults, stale_defaults
 from .device import check_tracker, devices_left
 from .logs import refuse_links
@@ -401,18 +401,20 @@ def _run_worker(
 
     The worker reads its tasks from its own copy of the task file (another tune may replace
     the work dir's) and stops with this process (it watches its parent). It runs isolated
-    (``python -I``: no environment variables, no user site, no current directory on its import
+    (``python -I``: no ``PYTHON*`` variables, no user site, no current directory on its import
     path) in a private, empty scratch directory, as does every process it starts (TVM's
     builders and runners import ``tvm.topi`` without relay-tasks, whose pickle cache then reads
     and writes ``.pkl_memoize_py3`` in their current directory): nothing placed in the work dir
-    is imported or unpickled by any of them.
+    is imported or unpickled by any of them. The scratch directory is their ``TMPDIR`` too:
+    the libraries TVM's builders leave for the runners, which a stopped tune never runs, go
+    with it.
     """
     with (
         _open_log(folder / LOG_FILE) as log,
-        tempfile.TemporaryDirectory(prefix="relay-tasks-worker-") as scratch,
+        scratch_dir("worker") as scratch,
         _signals() as stop,
     ):
-        own = Path(scratch) / TASKS_FILE
+        own = scratch / TASKS_FILE
         own.write_text(dumps(document) + "\n")
         command = [sys.executable, "-I", "-m", "relay_tasks.tuning.worker", str(folder.resolve()),
                    str(own), json.dumps(trials), json.dumps(asdict(runner)), str(os.getpid()),
@@ -420,7 +422,8 @@ def _run_worker(
         log.write(f"\n=== relay-tasks tune, {time.strftime('%Y-%m-%d %H:%M:%S')} ===\n".encode())
         log.flush()
         child = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                 cwd=scratch, start_new_session=True)  # fmt: skip
+                                 cwd=scratch, env={**os.environ, "TMPDIR": str(scratch)},
+                                 start_new_session=True)  # fmt: skip
         watch = _DeviceWatch(runner)
         up = False
         try:

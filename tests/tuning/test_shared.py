@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ import pytest
 import tvm
 from tvm import relay
 
+from relay_tasks import scratch
 from relay_tasks.adapters.journal import LOCK_FILE
 from relay_tasks.cli import main
 from relay_tasks.errors import TuningError
@@ -157,10 +159,14 @@ def _alive(pids: set[int]) -> set[int]:
 
 
 @pytest.mark.parametrize("tuner", ["meta_schedule"])
-def test_a_killed_supervisors_worker_stops_and_the_tune_resumes(tuner, tiny, tmp_path):
-    work = tmp_path / "work"
+def test_a_killed_supervisors_worker_stops_and_the_tune_resumes(tuner, tiny, tmp_path, monkeypatch):
+    """``kill -9`` of ``relay-tasks tune``: its worker stops, and the next tune resumes and
+    removes the scratch folder (with what TVM's builders left in it) the killed one could not."""
+    work, temporary = tmp_path / "work", tmp_path / "tmp"
+    temporary.mkdir()
     command = [sys.executable, "-m", "relay_tasks.cli", *tune_argv(tiny, tuner, work, 500)]
-    supervisor = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    supervisor = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                  env={**os.environ, "TMPDIR": str(temporary)})  # fmt: skip
     deadline = time.monotonic() + 240
     while not raw_measurements_or_none(work, tuner):
         assert supervisor.poll() is None and time.monotonic() < deadline
@@ -173,10 +179,14 @@ def test_a_killed_supervisors_worker_stops_and_the_tune_resumes(tuner, tiny, tmp
     while _alive(tuning) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert _alive(tuning) == set()
+    (left,) = temporary.glob(f"relay-tasks-worker-{supervisor.pid}-*")
     kept = valid_count(work, tuner)
     assert kept >= 1
+    monkeypatch.setattr(tempfile, "tempdir", str(temporary))
+    monkeypatch.setattr(scratch, "STALE_SECONDS", 0.0)  # as if it were an hour later
     assert main(tune_argv(tiny, tuner, work, kept + 1)) == 0
     assert valid_count(work, tuner) == kept + 1
+    assert not left.exists() and list(temporary.iterdir()) == []
 
 
 def raw_measurements_or_none(work: Path, tuner: str) -> list:

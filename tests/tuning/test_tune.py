@@ -113,9 +113,11 @@ def _worker_processes(work: Path) -> list[str]:
 def test_a_signal_stops_tuning_keeps_the_records_and_the_tune_resumes(
     tuner: str, signum: int, tiny, tmp_path: Path
 ) -> None:
-    work = tmp_path / "work"
+    work, temporary = tmp_path / "work", tmp_path / "tmp"
+    temporary.mkdir()
     command = [sys.executable, "-m", "relay_tasks.cli", *tune_argv(tiny, tuner, work, 500)]
-    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env={**os.environ, "TMPDIR": str(temporary)})  # fmt: skip
     deadline = time.monotonic() + 240
     while valid_count_or_zero(work, tuner) == 0:
         assert child.poll() is None and time.monotonic() < deadline, child.communicate()
@@ -131,6 +133,8 @@ def test_a_signal_stops_tuning_keeps_the_records_and_the_tune_resumes(
         out == "" and len(lines) == 1 and lines[0].startswith("relay-tasks: interrupted: stopped; ")
     )
     assert _worker_processes(work) == []
+    # What the builders had made for candidates never run went with the tune's scratch folder.
+    assert list(temporary.iterdir()) == []
     kept = valid_count(work, tuner)
     assert kept >= 1 and f"{kept} valid measurements are kept" in err
     assert main(tune_argv(tiny, tuner, work, kept + 2)) == 0  # the same work dir resumes
