@@ -608,7 +608,8 @@ def _compile(args: argparse.Namespace) -> int:
             print(building.versus(tuned, run, other.name))
     if args.profile:
         timed_here = None if tracker else tuned
-        print(building.format_profile(building.profile(factory, inputs), timed_here))
+        shares = building.profile(factory, inputs)
+        print(building.format_profile(shares, timed_here, built.records(chosen)))
     return 0
 
 

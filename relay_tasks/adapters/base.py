@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -136,7 +138,8 @@ class Adapter:
     - ``flops(native)``: floating-point operations of one call of the task;
     - ``build(mod, target, params, work_dir, tasks, others=())``: the model built with the best
       records of ``tasks`` (the model's, extracted here) applied; ``others`` are its tasks built
-      without records (their functions get TVM's default schedules);
+      without records (their functions get TVM's default schedules); where the tuner is told
+      which function it schedules, each one's task is noted (:func:`note_function`);
     - ``logs``: the files of ``work_dir`` its records are in, one record a line;
     - ``check(tasks, work_dir)``: refuse, as damaged, a record of ``tasks`` the tuner would
       apply although its search never writes it (checks that need the tasks; the rest are
@@ -177,6 +180,36 @@ class Adapter:
     read: Callable[[Path, Iterable[Line]], Iterator[Measurement]] = field(
         default=lambda work_dir, lines: iter(()), repr=False
     )
+
+
+#: What the names of a built library's functions start with (the graph's module name,
+#: ``default``); task names lack it.
+LIBRARY_PREFIX = "tvmgen_default_"
+
+#: The task key of each function a build under way lowered, by its name in the library,
+#: where the tuner is told: TVM asks MetaSchedule's database for a function by its name, and
+#: AutoTVM's and Ansor's dispatch for an operator's workload, which a function may share.
+_NOTED: ContextVar[dict[str, str] | None] = ContextVar("noted", default=None)
+
+
+@contextmanager
+def noting_functions() -> Iterator[dict[str, str]]:
+    """A dict the builds in this block fill: function name (less :data:`LIBRARY_PREFIX`)
+    to the key of the task its schedule was looked up for."""
+    noted: dict[str, str] = {}
+    token = _NOTED.set(noted)
+    try:
+        yield noted
+    finally:
+        _NOTED.reset(token)
+
+
+def note_function(name: str, key: str) -> None:
+    """Note that the library's function ``name`` was looked up as task ``key``; names not in
+    the library (an earlier pass asks too, numbered otherwise) are left out."""
+    noted = _NOTED.get()
+    if noted is not None and name.startswith(LIBRARY_PREFIX):
+        noted[name.removeprefix(LIBRARY_PREFIX)] = key
 
 
 def merge_equal(adapter: Adapter, tasks: Iterable[TunerTask]) -> list[TunerTask]:

@@ -10,7 +10,7 @@ import contextlib
 import os
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,11 +18,13 @@ from typing import Any
 import numpy as np
 
 from ..adapters import Adapter, TunerTask, get_adapter
+from ..adapters.base import LIBRARY_PREFIX, noting_functions
 from ..adapters.index import tally_in
 from ..adapters.journal import open_appending
 from ..adapters.verify import runs_here, seeded_values
 from ..errors import ModelError, TuningError, UsageError, describe_failure
 from ..loaders.winograd import winograd_tasks
+from ..table import aligned
 from .defaults import read_alike, read_defaults, record_seconds, stale_defaults
 from .records import TaskRecord, standing
 from .tune import LOG_FILE, tuned_for
@@ -40,6 +42,8 @@ class Plan:
     slower: list[TunerTask] = field(default_factory=list)
     #: Tasks whose default latency an older relay-tasks measured (:mod:`.defaults`).
     stale: list[TunerTask] = field(default_factory=list)
+    #: Seconds of each measured task's best record as its tuner timed it, by task key.
+    best: dict[str, float] = field(default_factory=dict)
 
     @property
     def missing(self) -> list[TunerTask]:
@@ -81,7 +85,8 @@ def plan(mod: Any, params: Any, work_dir: str | Path) -> Plan:
     slower = [t for t in measured if t.alternatives_of not in built]
     old = stale_defaults(Path(work_dir))
     stale = [t for t in measured if t.alternatives_of in old]
-    return Plan(adapter, tuned.target, tasks, measured, slower, stale)
+    best = {r.task.key: r.best for r in now.tasks if r.best is not None}
+    return Plan(adapter, tuned.target, tasks, measured, slower, stale, best)
 
 
 def uncovered(source: str, chosen: Plan, work_dir: str | Path) -> str:
@@ -119,6 +124,14 @@ class Built:
     factory: Any
     #: TVM's "Cannot find workload" warnings (one per lowered function without a record).
     unfound: int = 0
+    #: The task key each function was built as, by name, where the tuner was told
+    #: (:func:`..adapters.base.note_function`).
+    functions: dict[str, str] = field(default_factory=dict)
+
+    def records(self, chosen: Plan) -> dict[str, float]:
+        """Seconds of the best record of each function built with one, by function name."""
+        applied = {t.key for t in chosen.applied}
+        return {name: chosen.best[key] for name, key in self.functions.items() if key in applied}
 
 
 #: TVM's warning, printed twice per task without records (MetaSchedule's database is asked).
@@ -130,13 +143,13 @@ def build(mod: Any, params: Any, work_dir: str | Path, chosen: Plan | None = Non
     warnings about functions without records are counted, not printed (the plan said which
     tasks have none), and its raw output goes to the work dir's ``tune.log`` where it can."""
     chosen = chosen or plan(mod, params, work_dir)
-    with _tvm_output(Path(work_dir)) as lines:
+    with _tvm_output(Path(work_dir)) as lines, noting_functions() as functions:
         factory = _build(mod, params, work_dir, chosen)
     unfound = [line for line in lines if _UNFOUND in line]
     for line in lines:
         if _UNFOUND not in line:
             print(line, file=sys.stderr)
-    return Built(factory, len(unfound))
+    return Built(factory, len(unfound), functions)
 
 
 @contextlib.contextmanager
@@ -339,7 +352,7 @@ def profile(factory: Any, inputs: dict[str, np.ndarray[Any, Any]]) -> list[Share
         one: dict[str, float] = {}
         count: dict[str, int] = {}
         for call in debug["profile"](None).calls:
-            name = str(call["Name"]).removeprefix("tvmgen_default_")  # as task names read
+            name = str(call["Name"]).removeprefix(LIBRARY_PREFIX)  # as task names read
             one[name] = one.get(name, 0.0) + float(call["Duration (us)"].microseconds) * 1e-6
             count[name] = count.get(name, 0) + 1
         for name, total in one.items():
@@ -349,20 +362,39 @@ def profile(factory: Any, inputs: dict[str, np.ndarray[Any, Any]]) -> list[Share
     return sorted(shares, key=lambda share: -share.seconds)
 
 
-def format_profile(shares: Sequence[Share], model: Run | None = None) -> str:
-    """The table :func:`profile` gives (a call's time compares with ``status``'s best), with
-    the model's own latency where it was timed."""
+def format_profile(
+    shares: Sequence[Share], model: Run | None = None, records: Mapping[str, float] | None = None
+) -> str:
+    """The table :func:`profile` gives, with the model's own latency where it was timed; and
+    with ``records`` (seconds by function, :meth:`Built.records`) each function's best record
+    beside its calls, and how much slower all those calls ran in the model than their records,
+    which is how far ``status``'s estimate is off."""
+    records = records or {}
     total = sum(share.seconds for share in shares)
-    lines = ["  ms in model   share  calls  ms a call  function"]
+    rows = [["ms in model", "share", "calls", "ms a call"]
+            + (["record ms", "x record"] if records else []) + ["function"]]  # fmt: skip
     for share in shares:
-        lines.append(f"{share.seconds * 1e3:13.4g}  {share.seconds / total:6.1%}  "
-                     f"{share.calls:5d}  {share.seconds / share.calls * 1e3:9.4g}  "
-                     f"{share.function}")  # fmt: skip
+        call = share.seconds / share.calls
+        row = [f"{share.seconds * 1e3:.4g}", f"{share.seconds / total:.1%}", str(share.calls),
+               f"{call * 1e3:.4g}"]  # fmt: skip
+        if records:
+            record = records.get(share.function)
+            row += [f"{record * 1e3:.4g}", f"{call / record:.2f}"] if record else ["-", "-"]
+        rows.append([*row, share.function])
+    lines = ["  " + line for line in aligned(rows, left={len(rows[0]) - 1})]
     end = (f"the calls add up to {total * 1e3:.4g} ms (TVM's debug executor, median of "
            f"{PROFILE_RUNS} runs)")  # fmt: skip
     if model is not None:
         end += f"; the model ran {model.seconds * 1e3:.4g} ms, the rest between the calls"
     lines.append(f"  {end}")
+    recorded = [share for share in shares if records.get(share.function)]
+    if recorded:
+        ran = sum(share.seconds for share in recorded)
+        timed = sum(records[share.function] * share.calls for share in recorded)
+        calls = sum(share.calls for share in recorded)
+        lines.append(f"  the {calls} calls built with records ran {ran * 1e3:.4g} ms, "
+                     f"{ran / timed:.2f}x what their records add up to ({timed * 1e3:.4g} ms, "
+                     "each timed alone with its data in cache)")  # fmt: skip
     return "\n".join(lines)
 
 

@@ -16,7 +16,7 @@ from relay_tasks.cli import main
 from relay_tasks.loaders import load_model
 from relay_tasks.tuning import compile as building
 
-from tuned_models import TUNERS
+from tuned_models import TUNERS, raw_measurements
 
 _NUMBER = r"[0-9.]+(e-[0-9]+)?"
 _TIMING = rf"{_NUMBER} ms \(middle half {_NUMBER}-{_NUMBER}, 20 repeats\)"
@@ -641,3 +641,44 @@ def test_a_profile_gives_each_functions_calls_and_time_in_the_model() -> None:
     two = next(line.split() for line in table if line.split()[2] == "2")  # the small layer
     assert float(two[3]) == pytest.approx(float(two[0]) / 2, rel=2e-3)  # a call's time
     assert "the calls add up to" in table[-1] and "the model ran" not in table[-1]
+
+
+def _functions(factory) -> set[str]:
+    nodes = json.loads(factory.get_graph_json())["nodes"]
+    return {n["attrs"]["func_name"].removeprefix("tvmgen_default_") for n in nodes
+            if n["op"] == "tvm_op"}  # fmt: skip
+
+
+def test_a_metaschedule_build_names_the_task_of_each_function(tuned, tiny) -> None:
+    """TVM looks each function up in MetaSchedule's database by its name in the library: the
+    build keeps which task that was, and a function built with its task's record gets the
+    record's time; built with TVM's default schedule (another compute), it gets none."""
+    import dataclasses
+
+    work = tuned["meta_schedule"]
+    mod, params = load_model(tiny[0], params=tiny[1])
+    chosen = building.plan(mod, params, work)
+    (task,) = chosen.tasks
+    with_record = dataclasses.replace(chosen, slower=[])
+    built = building.build(mod, params, work, with_record)
+    names = _functions(built.factory)
+    assert len(names) == 1 and built.functions == {name: task.key for name in names}
+    assert built.records(with_record) == {name: with_record.best[task.key] for name in names}
+    assert with_record.best[task.key] == min(
+        s for _, s in raw_measurements(work, "meta_schedule") if s is not None
+    )
+    default = dataclasses.replace(chosen, slower=[task])
+    assert building.build(mod, params, work, default).records(default) == {}
+
+
+def test_a_profile_puts_each_record_beside_its_calls_in_the_model() -> None:
+    shares = [building.Share("fused_nn_dense", 2, 0.004), building.Share("fused_add", 1, 0.001)]
+    table = building.format_profile(shares, records={"fused_nn_dense": 0.0015}).splitlines()
+    assert table[0].split() == ["ms", "in", "model", "share", "calls", "ms", "a", "call",
+                                "record", "ms", "x", "record", "function"]  # fmt: skip
+    assert table[1].split() == ["4", "80.0%", "2", "2", "1.5", "1.33", "fused_nn_dense"]
+    assert table[2].split() == ["1", "20.0%", "1", "1", "-", "-", "fused_add"]
+    assert table[-1] == (
+        "  the 2 calls built with records ran 4 ms, 1.33x what their records add up to (3 ms, "
+        "each timed alone with its data in cache)"
+    )

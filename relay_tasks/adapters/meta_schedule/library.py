@@ -15,9 +15,7 @@ from tvm.ir import IRModule
 from tvm.meta_schedule.utils import derived_object
 from tvm.target import Target
 
-from ..base import (
-    TunerTask,
-)
+from ..base import TunerTask, note_function
 from ..untuned import covered_by, untuned_as_without, variants_of, warn_unused
 from ..verify import CANDIDATES, best_agreeing, results, runs_here
 from .database import (
@@ -54,7 +52,7 @@ def build(
 @derived_object
 class _Asked(ms.database.PyDatabase):  # type: ignore[misc]
     """A database that answers as ``inner`` does and notes the workloads the build found a
-    record for (by :func:`.database.workload_key`)."""
+    record for (by :func:`.database.workload_key`), and each function's task."""
 
     def __init__(self, inner: Any) -> None:
         super().__init__()
@@ -77,6 +75,7 @@ class _Asked(ms.database.PyDatabase):  # type: ignore[misc]
         return self.inner.get_all_tuning_records()
 
     def query_tuning_record(self, mod: IRModule, target: Target, name: str) -> Any:
+        note_function(name, workload_key(mod))
         record = self.inner.query_tuning_record(mod, target, name)
         if record is not None:
             self.applied.add(workload_key(record.workload.mod))
