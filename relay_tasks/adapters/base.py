@@ -139,7 +139,8 @@ class Adapter:
     - ``build(mod, target, params, work_dir, tasks, others=())``: the model built with the best
       records of ``tasks`` (the model's, extracted here) applied; ``others`` are its tasks built
       without records (their functions get TVM's default schedules); where the tuner is told
-      which function it schedules, each one's task is noted (:func:`note_function`);
+      which function it schedules, each function built with a record is noted with the
+      record's task (:func:`note_function`);
     - ``logs``: the files of ``work_dir`` its records are in, one record a line;
     - ``check(tasks, work_dir)``: refuse, as damaged, a record of ``tasks`` the tuner would
       apply although its search never writes it (checks that need the tasks; the rest are
@@ -186,16 +187,17 @@ class Adapter:
 #: ``default``); task names lack it.
 LIBRARY_PREFIX = "tvmgen_default_"
 
-#: The task key of each function a build under way lowered, by its name in the library,
-#: where the tuner is told: TVM asks MetaSchedule's database for a function by its name, and
-#: AutoTVM's and Ansor's dispatch for an operator's workload, which a function may share.
+#: The task key of the record each function a build under way was built with, by the
+#: function's name in the library, where the tuner is told: TVM asks MetaSchedule's database
+#: for a function by its name, and AutoTVM's and Ansor's dispatch for an operator's workload,
+#: which several functions may share.
 _NOTED: ContextVar[dict[str, str] | None] = ContextVar("noted", default=None)
 
 
 @contextmanager
 def noting_functions() -> Iterator[dict[str, str]]:
     """A dict the builds in this block fill: function name (less :data:`LIBRARY_PREFIX`)
-    to the key of the task its schedule was looked up for."""
+    to the key of the task whose record it was built with."""
     noted: dict[str, str] = {}
     token = _NOTED.set(noted)
     try:
@@ -205,8 +207,8 @@ def noting_functions() -> Iterator[dict[str, str]]:
 
 
 def note_function(name: str, key: str) -> None:
-    """Note that the library's function ``name`` was looked up as task ``key``; names not in
-    the library (an earlier pass asks too, numbered otherwise) are left out."""
+    """Note that the library's function ``name`` is built with a record of task ``key``;
+    names not in the library (an earlier pass asks too, numbered otherwise) are left out."""
     noted = _NOTED.get()
     if noted is not None and name.startswith(LIBRARY_PREFIX):
         noted[name.removeprefix(LIBRARY_PREFIX)] = key

@@ -124,14 +124,13 @@ class Built:
     factory: Any
     #: TVM's "Cannot find workload" warnings (one per lowered function without a record).
     unfound: int = 0
-    #: The task key each function was built as, by name, where the tuner was told
-    #: (:func:`..adapters.base.note_function`).
+    #: The key of the task whose record each function was built with, by function name,
+    #: where the tuner says (:func:`..adapters.base.note_function`).
     functions: dict[str, str] = field(default_factory=dict)
 
     def records(self, chosen: Plan) -> dict[str, float]:
         """Seconds of the best record of each function built with one, by function name."""
-        applied = {t.key for t in chosen.applied}
-        return {name: chosen.best[key] for name, key in self.functions.items() if key in applied}
+        return {name: chosen.best[key] for name, key in self.functions.items()}
 
 
 #: TVM's warning, printed twice per task without records (MetaSchedule's database is asked).

@@ -651,8 +651,8 @@ def _functions(factory) -> set[str]:
 
 def test_a_metaschedule_build_names_the_task_of_each_function(tuned, tiny) -> None:
     """TVM looks each function up in MetaSchedule's database by its name in the library: the
-    build keeps which task that was, and a function built with its task's record gets the
-    record's time; built with TVM's default schedule (another compute), it gets none."""
+    build keeps whose record each function was built with, and that record's time; a function
+    built with TVM's default schedule is not among them."""
     import dataclasses
 
     work = tuned["meta_schedule"]
@@ -668,7 +668,7 @@ def test_a_metaschedule_build_names_the_task_of_each_function(tuned, tiny) -> No
         s for _, s in raw_measurements(work, "meta_schedule") if s is not None
     )
     default = dataclasses.replace(chosen, slower=[task])
-    assert building.build(mod, params, work, default).records(default) == {}
+    assert building.build(mod, params, work, default).functions == {}
 
 
 def test_a_profile_puts_each_record_beside_its_calls_in_the_model() -> None:

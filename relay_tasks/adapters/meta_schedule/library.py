@@ -52,7 +52,7 @@ def build(
 @derived_object
 class _Asked(ms.database.PyDatabase):  # type: ignore[misc]
     """A database that answers as ``inner`` does and notes the workloads the build found a
-    record for (by :func:`.database.workload_key`), and each function's task."""
+    record for (by :func:`.database.workload_key`), and for which function."""
 
     def __init__(self, inner: Any) -> None:
         super().__init__()
@@ -75,10 +75,10 @@ class _Asked(ms.database.PyDatabase):  # type: ignore[misc]
         return self.inner.get_all_tuning_records()
 
     def query_tuning_record(self, mod: IRModule, target: Target, name: str) -> Any:
-        note_function(name, workload_key(mod))
         record = self.inner.query_tuning_record(mod, target, name)
         if record is not None:
             self.applied.add(workload_key(record.workload.mod))
+            note_function(name, workload_key(record.workload.mod))
         return record
 
     def query_schedule(self, mod: IRModule, target: Target, name: str) -> Any:
