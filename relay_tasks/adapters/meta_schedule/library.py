@@ -22,6 +22,7 @@ from .database import (
     WorkDatabase,
     workload_key,
 )
+from .prefetch import prefetch_weights
 from .tasks import register_intrinsics
 
 
@@ -44,9 +45,23 @@ def build(
     asked = _Asked(memory)
     variants = variants_of([*tasks, *others])
     with untuned_as_without("relay.backend.use_meta_schedule", covered, variants):
-        library = ms.relay_integration.compile_relay(asked, mod, target, params)
+        library = ms.relay_integration.compile_relay(
+            asked, mod, target, params, pass_config=pass_config(target)
+        )
     warn_unused(kept, asked.applied, [*others, *unchecked])
     return library
+
+
+def pass_config(target: Target) -> dict[str, Any]:
+    """``compile_relay``'s own settings; on a CPU, with the weights' prefetches
+    (:mod:`.prefetch`)."""
+    config: dict[str, Any] = {
+        "relay.backend.use_meta_schedule": True,
+        "relay.backend.tir_converter": "default",
+    }
+    if target.kind.name == "llvm":
+        config["tir.add_lower_pass"] = [(1, prefetch_weights())]
+    return config
 
 
 @derived_object
