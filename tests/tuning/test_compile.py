@@ -622,12 +622,7 @@ def test_a_profile_gives_each_functions_calls_and_time_in_the_model() -> None:
     wide = dense(small, 2048, 256)  # four times the FLOPs of both small calls
     mod = tvm.IRModule.from_expr(relay.Function([data], relay.sum(wide, axis=1)))
     factory = building.build_untuned(mod, {}, relay_tasks.host_target())
-    nodes = json.loads(factory.get_graph_json())["nodes"]
-    calls: dict[str, int] = {}
-    for node in nodes:
-        if node["op"] == "tvm_op":
-            name = node["attrs"]["func_name"].removeprefix("tvmgen_default_")
-            calls[name] = calls.get(name, 0) + 1
+    calls = _graph_calls(factory)
     inputs = {"data": rng.standard_normal((64, 256)).astype("float32")}
     shares = building.profile(factory, inputs)
     assert {share.function: share.calls for share in shares} == calls
@@ -643,10 +638,14 @@ def test_a_profile_gives_each_functions_calls_and_time_in_the_model() -> None:
     assert "the calls add up to" in table[-1] and "the model ran" not in table[-1]
 
 
-def _functions(factory) -> set[str]:
-    nodes = json.loads(factory.get_graph_json())["nodes"]
-    return {n["attrs"]["func_name"].removeprefix("tvmgen_default_") for n in nodes
-            if n["op"] == "tvm_op"}  # fmt: skip
+def _graph_calls(factory) -> dict[str, int]:
+    """The calls the library's graph makes of each function, by name as the profile gives it."""
+    calls: dict[str, int] = {}
+    for node in json.loads(factory.get_graph_json())["nodes"]:
+        if node["op"] == "tvm_op":
+            name = node["attrs"]["func_name"].removeprefix("tvmgen_default_")
+            calls[name] = calls.get(name, 0) + 1
+    return calls
 
 
 def test_a_metaschedule_build_names_the_task_of_each_function(tuned, tiny) -> None:
@@ -661,7 +660,7 @@ def test_a_metaschedule_build_names_the_task_of_each_function(tuned, tiny) -> No
     (task,) = chosen.tasks
     with_record = dataclasses.replace(chosen, slower=[])
     built = building.build(mod, params, work, with_record)
-    names = _functions(built.factory)
+    names = set(_graph_calls(built.factory))
     assert len(names) == 1 and built.functions == {name: task.key for name in names}
     assert built.records(with_record) == {name: with_record.best[task.key] for name in names}
     assert with_record.best[task.key] == min(

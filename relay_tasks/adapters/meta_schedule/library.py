@@ -92,8 +92,9 @@ class _Asked(ms.database.PyDatabase):  # type: ignore[misc]
     def query_tuning_record(self, mod: IRModule, target: Target, name: str) -> Any:
         record = self.inner.query_tuning_record(mod, target, name)
         if record is not None:
-            self.applied.add(workload_key(record.workload.mod))
-            note_function(name, workload_key(record.workload.mod))
+            key = workload_key(record.workload.mod)
+            self.applied.add(key)
+            note_function(name, key)
         return record
 
     def query_schedule(self, mod: IRModule, target: Target, name: str) -> Any:
