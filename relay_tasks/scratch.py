@@ -69,6 +69,6 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except (PermissionError, OverflowError):  # another user's, or an id no process here has
+    except (PermissionError, OverflowError):  # another user's; an id too large to ask: left
         pass
     return True
