@@ -50,6 +50,17 @@ def raw_measurements(work: Path, tuner: str) -> list[tuple[str, float | None]]:
     return rows
 
 
+def timings_of_valid(work: Path, tuner: str) -> list[int]:
+    """How many timings each valid measurement of MetaSchedule's or Ansor's log averages."""
+    if tuner == "ansor":
+        lines = (work / "ansor.json").read_text().splitlines()
+        results = [json.loads(line)["r"][:2] for line in lines]
+        return [len(costs) for costs, error_no in results if error_no == 0]
+    lines = (work / "database_tuning_record.json").read_text().splitlines()
+    run_secs = [json.loads(line)[1][1] for line in lines]
+    return [len(secs) for secs in run_secs if max(secs) < 1e9]
+
+
 def valid_count(work: Path, tuner: str) -> int:
     return sum(1 for _, s in raw_measurements(work, tuner) if s is not None and np.isfinite(s))
 
@@ -136,8 +147,13 @@ def assert_runs_as_numpy(library: Any, batch: int = 1) -> None:
 
 def assert_one_task_tunes_resumes_and_builds(tuner: str, folder: Path) -> None:
     """A tuner with a scheduler (MetaSchedule, Ansor) on the tiny model's one task: each pass
-    measures what is missing in one round, so exactly 2, then 2 more; then the build."""
+    measures what is missing in one round, so exactly 2, then 2 more; then the build. Each
+    measurement is timed as :data:`relay_tasks.adapters.base.TIMING` says (the tuners' own
+    default, one timing of 100 ms, cost twice as much)."""
+    from relay_tasks.adapters.base import TIMING
+
     tuned = tune_in_process(tuner, folder, [2, 4])
     valid = [s for _, s in tuned.records if s is not None]
     assert len(valid) == 4 and all(0 < s < 1 for s in valid)
+    assert timings_of_valid(folder / "work", tuner) == [TIMING.repeat] * 4
     assert_runs_as_numpy(tuned.build())

@@ -96,6 +96,22 @@ class Runner:
 SESSION_MARGIN = 20
 
 
+class Timing(NamedTuple):
+    """How MetaSchedule and Ansor time a candidate: TVM's ``time_evaluator`` settings."""
+
+    number: int
+    repeat: int
+    min_repeat_ms: int
+
+
+#: Three repeats of at least 20 ms, the first call's count grown until one repeat lasts that
+#: long. Both tuners' default, one repeat of at least 100 ms, cost 0.11-0.28 s a candidate on
+#: BERT-2's kernels (its count grows past the 100 ms by up to 1.6x, and often twice): half of
+#: a 10-minute tune went to timing. These cost 0.06-0.12 s, their means as spread over six
+#: timings (1-3%). AutoTVM times four calls three times, as its own default.
+TIMING = Timing(number=1, repeat=3, min_repeat_ms=20)
+
+
 class RecordFiles(NamedTuple):
     """The files of a work dir matched line by line: the records, the causes of the failed
     ones (one line a failure, in order), and when each record was measured (where the records

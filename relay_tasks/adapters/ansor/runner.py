@@ -10,13 +10,14 @@ from tvm.contrib.popen_pool import PopenPoolExecutor
 
 from ..base import (
     SESSION_MARGIN,
+    TIMING,
     Runner,
 )
 
 
 def runner_of(runner: Runner) -> Any:
     if runner.tracker is None:
-        return auto_scheduler.LocalRunner(repeat=1, timeout=timeout_seconds(runner))
+        return auto_scheduler.LocalRunner(timeout=timeout_seconds(runner), **TIMING._asdict())
     host, port = runner.tracker
     _BoundedPool.bound = timeout_seconds(runner) + SESSION_MARGIN
     auto_scheduler.measure.PopenPoolExecutor = _BoundedPool
@@ -25,7 +26,7 @@ def runner_of(runner: Runner) -> Any:
     # measurement. The supervisor has asked the tracker already (.tuning.device.check_tracker).
     auto_scheduler.measure.check_remote = lambda *args, **kwargs: True
     return auto_scheduler.RPCRunner(
-        runner.key, host, port, repeat=1, timeout=timeout_seconds(runner)
+        runner.key, host, port, timeout=timeout_seconds(runner), **TIMING._asdict()
     )
 
 

@@ -14,6 +14,7 @@ from tvm import meta_schedule as ms
 from ..allocation import Allocation
 from ..base import (
     SESSION_MARGIN,
+    TIMING,
     Runner,
     failure_cause,
 )
@@ -175,15 +176,17 @@ def builder_of(runner: Runner) -> Any:
 
 
 def runner_of(runner: Runner) -> Any:
+    timing = ms.runner.EvaluatorConfig(**TIMING._asdict())
     if runner.tracker is None:
-        local = _started(lambda: ms.runner.LocalRunner(timeout_sec=max(runner.timeout,
-                                                                       STARTUP_CHECK)))  # fmt: skip
+        local = _started(lambda: ms.runner.LocalRunner(
+            timeout_sec=max(runner.timeout, STARTUP_CHECK), evaluator_config=timing
+        ))  # fmt: skip
         local.timeout_sec = local.pool._timeout = runner.timeout  # each run's bound from here on
         return local
     host, port = runner.tracker
     config = ms.runner.RPCConfig(tracker_host=host, tracker_port=port, tracker_key=runner.key,
                                  session_timeout_sec=int(runner.timeout))  # fmt: skip
-    remote = ms.runner.RPCRunner(config)
+    remote = ms.runner.RPCRunner(config, evaluator_config=timing)
     # MetaSchedule's RPCRunner makes its pool without a timeout: a measurement on a device that
     # stopped answering (a server stopped, not gone: still registered) waited for ever, and the
     # tune with it. Bounded, it fails as a timeout, the tracker hands that server nothing more
