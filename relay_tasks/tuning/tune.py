@@ -157,9 +157,11 @@ def tune(
         stopped = _run_worker(adapter, tasks, folder, trials, runner, document, display, reuse,
                               deadline)  # fmt: skip
         after = standing(tasks, tally_in(adapter, folder))
-        if stopped == TIME_UP:
-            display.say(f"relay-tasks: the time budget ({_duration(time_budget or 0)}) is spent; "
-                        f"{after.valid - before.valid} new valid measurements")  # fmt: skip
+        if stopped == TIME_UP and time_budget is not None:
+            new = after.valid - before.valid
+            rate = new * 60 / time_budget
+            display.say(f"relay-tasks: the time budget ({_duration(time_budget)}) is spent; "
+                        f"{new} new valid measurements ({rate:.1f} a minute)")  # fmt: skip
             stopped = None
         if stopped is not None:
             raise TuningInterrupted(

@@ -231,6 +231,7 @@ def test_a_time_budget_stops_the_tune_and_keeps_what_was_measured(
     assert 12 < took < 12 + 60  # the start (extraction, TVM's import) is not in the budget
     first = valid_count(work, tuner)
     assert first >= 1 and all(s is None or 0 < s < 1 for _, s in raw_measurements(work, tuner))
+    assert f"; {first} new valid measurements ({first / 12 * 60:.1f} a minute)" in done.stderr
     # With --trials as well, whichever comes first: here the trials.
     assert main([*argv, "--time", "1h", "--trials", str(first + 2)]) == 0
     assert valid_count(work, tuner) >= first + 2
