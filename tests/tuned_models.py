@@ -27,38 +27,38 @@ def tune_argv(tiny: tuple[Path, Path], tuner: str, work: Path, trials: int) -> l
             "--work-dir", str(work), "--trials", str(trials)]  # fmt: skip
 
 
-def raw_measurements(work: Path, tuner: str) -> list[tuple[str, float | None]]:
-    """(task, seconds or None when failed) per record, read straight from the tuner's log."""
-    rows: list[tuple[str, float | None]] = []
+def _raw_timings(work: Path, tuner: str) -> list[tuple[str, list[float], bool]]:
+    """(task, its timings, whether the run was valid) per record, read straight from the
+    tuner's log."""
+    rows: list[tuple[str, list[float], bool]] = []
     if tuner == "autotvm":
         for line in (work / "autotvm.log").read_text().splitlines():
             record = json.loads(line)
             costs, error_no = record["result"][0], record["result"][1]
             task = record["input"][1] + json.dumps(record["input"][2])
-            rows.append((task, float(np.mean(costs)) if error_no == 0 else None))
+            rows.append((task, costs, error_no == 0))
     elif tuner == "ansor":
         for line in (work / "ansor.json").read_text().splitlines():
             record = json.loads(line)
             costs, error_no = record["r"][0], record["r"][1]
-            rows.append((record["i"][0][0], float(np.mean(costs)) if error_no == 0 else None))
+            rows.append((record["i"][0][0], costs, error_no == 0))
     else:
         workloads = (work / "database_workload.json").read_text().splitlines()
         for line in (work / "database_tuning_record.json").read_text().splitlines():
             index, (_, run_secs, *_) = json.loads(line)
-            seconds = float(np.mean(run_secs))
-            rows.append((workloads[index][:40], seconds if seconds < 1e9 else None))
+            rows.append((workloads[index][:40], run_secs, float(np.mean(run_secs)) < 1e9))
     return rows
 
 
+def raw_measurements(work: Path, tuner: str) -> list[tuple[str, float | None]]:
+    """(task, seconds or None when failed) per record, read straight from the tuner's log."""
+    return [(task, float(np.mean(costs)) if valid else None)
+            for task, costs, valid in _raw_timings(work, tuner)]  # fmt: skip
+
+
 def timings_of_valid(work: Path, tuner: str) -> list[int]:
-    """How many timings each valid measurement of MetaSchedule's or Ansor's log averages."""
-    if tuner == "ansor":
-        lines = (work / "ansor.json").read_text().splitlines()
-        results = [json.loads(line)["r"][:2] for line in lines]
-        return [len(costs) for costs, error_no in results if error_no == 0]
-    lines = (work / "database_tuning_record.json").read_text().splitlines()
-    run_secs = [json.loads(line)[1][1] for line in lines]
-    return [len(secs) for secs in run_secs if max(secs) < 1e9]
+    """How many timings each valid measurement of the tuner's log averages."""
+    return [len(costs) for _, costs, valid in _raw_timings(work, tuner) if valid]
 
 
 def valid_count(work: Path, tuner: str) -> int:
