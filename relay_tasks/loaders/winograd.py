@@ -51,8 +51,10 @@ TILE = 4
 #: stay Winograd. Each of the kernel's (TILE + 2)^2 x in x out weights is used once a tile,
 #: against once an output pixel for the direct kernel (16 times as often): at ResNet's 7x7
 #: stage, 4 tiles, the multiplies wait on the 38 MB kernel, and the direct convolution runs
-#: from a quarter of those bytes.
-MIN_TILES = 8
+#: from a quarter of those bytes. At its 14x14 stage (16 tiles of a 9.4 MB kernel) the model
+#: ran as fast with those convolutions direct, and their Winograd candidates had taken 2-5 s
+#: each to build in a tune, against a tenth of that for a direct one.
+MIN_TILES = 32
 
 #: Bytes of transformed kernel that stay cached from one call to the next, whatever the tiles.
 CACHED_BYTES = 4 << 20

@@ -106,10 +106,13 @@ def test_sizes_topi_pads_too_little_for_and_other_kernels_are_left_whole(
         assert winograd_convolutions(mod, {})[0] is mod
 
 
-@pytest.mark.parametrize(("size", "winograd"), [((7, 7), False), ((14, 14), True)])
+@pytest.mark.parametrize(
+    ("size", "winograd"), [((7, 7), False), ((14, 14), False), ((28, 28), True)]
+)
 def test_a_large_kernel_read_for_few_tiles_stays_direct(size: tuple[int, int], winograd: bool):
     """ResNet's last stage: 512 channels at 7x7 are 4 tiles of a 38 MB transformed kernel,
-    each weight used 4 times (the direct one's 49); at 14x14 (16 tiles) it pays."""
+    each weight used 4 times (the direct one's 49); at 14x14 (16 tiles) it still does not pay
+    in the model; at 28x28 (49 tiles) it does."""
     x = relay.var("x", shape=(1, 512, *size))
     conv = relay.nn.conv2d(x, relay.const(_weight(512, 512, 3, 3)), padding=(1, 1))
     mod = tvm.IRModule.from_expr(relay.Function([x], conv))
