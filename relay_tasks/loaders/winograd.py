@@ -52,8 +52,8 @@ TILE = 4
 #: against once an output pixel for the direct kernel (16 times as often): at ResNet's 7x7
 #: stage, 4 tiles, the multiplies wait on the 38 MB kernel, and the direct convolution runs
 #: from a quarter of those bytes. At its 14x14 stage (16 tiles of a 9.4 MB kernel) the model
-#: ran as fast with those convolutions direct, and their Winograd candidates had taken 2-5 s
-#: each to build in a tune, against a tenth of that for a direct one.
+#: ran as fast with those convolutions direct (TOPI's default), and their Winograd candidates
+#: had taken a third to half of a tune's Winograd trials, 2-5 s each to build.
 MIN_TILES = 32
 
 #: Bytes of transformed kernel that stay cached from one call to the next, whatever the tiles.
