@@ -159,6 +159,14 @@ def build_parser() -> argparse.ArgumentParser:
         "timed alone, as a tune times them, run faster with their weights in cache)",
     )
     build.add_argument(
+        "--no-choose",
+        action="store_true",
+        help="build each task with its fastest record as its tuner timed it alone; without "
+        "it, a MetaSchedule work dir's model is also built with each task's next fastest "
+        "records and TVM's default, each function timed inside the model, and built the "
+        "fastest way there (kept in the work dir for the next compile)",
+    )
+    build.add_argument(
         "--untuned",
         action="store_true",
         help="build even where the records cover none of the model's tasks (TVM's default "
@@ -550,6 +558,8 @@ def _compile(args: argparse.Namespace) -> int:
     ((source, plain, plain_params),) = models = _loaded_models(args, args.models)
     ((_, mod, params),) = _as_tuned(args, tuned_for(args.work_dir).tuner, models)
     chosen = building.plan(mod, params, args.work_dir)
+    choosing = not (args.no_choose or tracker) and runs_here(chosen.target)
+    chosen = _recalled(chosen, args.work_dir, choosing)
     if args.benchmark and not tracker:
         check_runs_here(chosen.target, doing="benchmark")
     if args.profile and not runs_here(chosen.target):
@@ -572,13 +582,18 @@ def _compile(args: argparse.Namespace) -> int:
 
         direct |= naive
         mod, params = winograd_convolutions(plain, plain_params, direct=direct)
-        chosen = building.plan(mod, params, args.work_dir)
+        chosen = _recalled(building.plan(mod, params, args.work_dir), args.work_dir, choosing)
         with naive_calls() as naive:
             built = building.build(mod, params, args.work_dir, chosen)
     if direct:
         print(f"relay-tasks: built the convolutions of {len(direct)} Winograd call(s) direct: "
               "the build used no record of theirs (none computes right, or none is faster "
               "than TVM's default), and that default is unscheduled", file=sys.stderr)  # fmt: skip
+    inputs = building.random_inputs(plain, plain_params)
+    if choosing:
+        from .tuning.choose import choose
+
+        chosen, built = choose(mod, params, args.work_dir, chosen, built, inputs)
     factory = built.factory
     path = building.export(factory, args.output)
     if built.unfound:  # TVM warns twice per function without a record: said once here
@@ -586,7 +601,6 @@ def _compile(args: argparse.Namespace) -> int:
               f"said above (TVM's messages: {Path(args.work_dir) / 'tune.log'})",
               file=sys.stderr)  # fmt: skip
     print(f"{source}: {len(chosen.tuned)}/{len(chosen.tasks)} tasks tuned, library in {path}")
-    inputs = building.random_inputs(plain, plain_params) if args.benchmark or args.profile else {}
     tuned = None
     if args.benchmark:
         remote = _remote(tracker, args.rpc_key) if tracker else None
@@ -611,6 +625,14 @@ def _compile(args: argparse.Namespace) -> int:
         shares = building.profile(factory, inputs)
         print(building.format_profile(shares, timed_here, built.records(chosen)))
     return 0
+
+
+def _recalled(chosen: Any, work_dir: str, choosing: bool) -> Any:
+    """``compile``'s plan with the choice an earlier compile timed in the model, where it
+    still holds (and ``choosing``)."""
+    from .tuning.choose import recall
+
+    return recall(chosen, work_dir) if choosing else chosen
 
 
 def _remote(tracker: tuple[str, int], key: str) -> Any:

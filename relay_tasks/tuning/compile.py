@@ -44,6 +44,13 @@ class Plan:
     stale: list[TunerTask] = field(default_factory=list)
     #: Seconds of each measured task's best record as its tuner timed it, by task key.
     best: dict[str, float] = field(default_factory=dict)
+    #: Where the model ran faster with another record than a task's fastest: the rank to
+    #: build it from (:mod:`.choose`), by task key.
+    ranks: dict[str, int] = field(default_factory=dict)
+    #: Tasks whose records lost to TVM's default inside the model (built with it).
+    defaulted: list[TunerTask] = field(default_factory=list)
+    #: Whether ``ranks`` and ``defaulted`` are a choice timed in the model on this host.
+    in_model: bool = False
 
     @property
     def missing(self) -> list[TunerTask]:
@@ -52,7 +59,7 @@ class Plan:
     @property
     def applied(self) -> list[TunerTask]:
         """The tasks built with their records."""
-        return [t for t in self.tuned if t not in self.slower]
+        return [t for t in self.tuned if t not in self.slower and t not in self.defaulted]
 
     def describe(self) -> str:
         line = f"the records cover {len(self.tuned)} of the model's {len(self.tasks)} tasks"
@@ -62,6 +69,10 @@ class Plan:
         if self.slower:
             names = ", ".join(t.name for t in self.slower)
             line += f"; slower than TVM's default schedule (built with it): {names}"
+        if self.ranks or self.defaulted:
+            line += (f"; as timed in the model by an earlier compile, {len(self.ranks)} built "
+                     f"with another of their fastest records, {len(self.defaulted)} with TVM's "
+                     "default")  # fmt: skip
         if self.stale:
             line += (f"; {len(self.stale)} default latencies were measured by an older "
                      "relay-tasks, its way (`relay-tasks tune` measures them again)")  # fmt: skip
@@ -129,8 +140,12 @@ class Built:
     functions: dict[str, str] = field(default_factory=dict)
 
     def records(self, chosen: Plan) -> dict[str, float]:
-        """Seconds of the best record of each function built with one, by function name."""
-        return {name: chosen.best[key] for name, key in self.functions.items()}
+        """Seconds of the best record of each function built with it, by function name."""
+        return {
+            name: chosen.best[key]
+            for name, key in self.functions.items()
+            if key not in chosen.ranks
+        }
 
 
 #: TVM's warning, printed twice per task without records (MetaSchedule's database is asked).
@@ -177,7 +192,10 @@ def _build(mod: Any, params: Any, work_dir: str | Path, chosen: Plan) -> Any:
     try:
         applied = chosen.applied
         others = [t for t in chosen.tasks if t not in applied]
-        return chosen.adapter.build(mod, chosen.target, params, Path(work_dir), applied, others)
+        ranked = {"ranks": chosen.ranks} if chosen.ranks else {}  # MetaSchedule's (:mod:`.choose`)
+        return chosen.adapter.build(
+            mod, chosen.target, params, Path(work_dir), applied, others, **ranked
+        )
     except ModelError:  # a damaged record, named where it is
         raise
     except Exception as err:
@@ -339,26 +357,39 @@ def profile(factory: Any, inputs: dict[str, np.ndarray[Any, Any]]) -> list[Share
     weight comes from memory once a run (BERT-2's dense layers: 2.6-3.0 ms a call in the model,
     2.1 alone, 1.8 as their records were measured), so these are the figures that say which
     tasks hold a model back."""
+    (shares,) = profiles([factory], inputs)
+    return shares
+
+
+def profiles(
+    factories: Sequence[Any], inputs: dict[str, np.ndarray[Any, Any]]
+) -> list[list[Share]]:
+    """:func:`profile` of each build, their runs taken in turn (one run of each a round), so
+    that the host's drift falls on all of them alike."""
     import tvm
 
-    debug = factory["debug_create"]("default", tvm.cpu(0))
-    for key, value in inputs.items():
-        debug["set_input"](key, tvm.nd.array(value))
-    debug["run"]()  # warm-up
-    seconds: dict[str, list[float]] = {}
-    calls: dict[str, int] = {}
+    debugs = []
+    for factory in factories:
+        debug = factory["debug_create"]("default", tvm.cpu(0))
+        for key, value in inputs.items():
+            debug["set_input"](key, tvm.nd.array(value))
+        debug["run"]()  # warm-up
+        debugs.append(debug)
+    seconds: list[dict[str, list[float]]] = [{} for _ in debugs]
+    calls: list[dict[str, int]] = [{} for _ in debugs]
     for _ in range(PROFILE_RUNS):
-        one: dict[str, float] = {}
-        count: dict[str, int] = {}
-        for call in debug["profile"](None).calls:
-            name = str(call["Name"]).removeprefix(LIBRARY_PREFIX)  # as task names read
-            one[name] = one.get(name, 0.0) + float(call["Duration (us)"].microseconds) * 1e-6
-            count[name] = count.get(name, 0) + 1
-        for name, total in one.items():
-            seconds.setdefault(name, []).append(total)
-        calls = count
-    shares = [Share(name, calls[name], float(np.median(times))) for name, times in seconds.items()]
-    return sorted(shares, key=lambda share: -share.seconds)
+        for debug, times, count in zip(debugs, seconds, calls, strict=True):
+            one: dict[str, float] = {}
+            count.clear()
+            for call in debug["profile"](None).calls:
+                name = str(call["Name"]).removeprefix(LIBRARY_PREFIX)  # as task names read
+                one[name] = one.get(name, 0.0) + float(call["Duration (us)"].microseconds) * 1e-6
+                count[name] = count.get(name, 0) + 1
+            for name, total in one.items():
+                times.setdefault(name, []).append(total)
+    shares = [[Share(name, count[name], float(np.median(t))) for name, t in times.items()]
+              for times, count in zip(seconds, calls, strict=True)]  # fmt: skip
+    return [sorted(one, key=lambda share: -share.seconds) for one in shares]
 
 
 def format_profile(

@@ -97,7 +97,7 @@ def _read(work_dir: Path) -> _Kept:
                            {"task", "best", "seconds", "version"})
                 and ("version" not in fields or version in (VERSION, *EARLIER))
                 and isinstance(entry["task"], str) and KEY.match(entry["task"])
-                and _positive(entry["seconds"]) and _positive(entry.get("best", 1))):  # fmt: skip
+                and positive(entry["seconds"]) and positive(entry.get("best", 1))):  # fmt: skip
             raise damaged(
                 path, number, f"a default latency is a task key, seconds and version {VERSION}"
             )
@@ -109,7 +109,7 @@ def _read(work_dir: Path) -> _Kept:
     return kept
 
 
-def _positive(value: Any) -> bool:
+def positive(value: Any) -> bool:
     """A finite positive number (not a bool, which JSON's reader gives for true)."""
     return (not isinstance(value, bool) and isinstance(value, (int, float))
             and math.isfinite(value) and value > 0)  # fmt: skip

@@ -4,7 +4,7 @@ their task computes.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,13 +33,15 @@ def build(
     work_dir: Path,
     tasks: Sequence[TunerTask],
     others: Sequence[TunerTask] = (),
+    ranks: Mapping[str, int] | None = None,
 ) -> Any:
     """``compile_relay`` with the work dir's records of ``tasks``: each takes its best that
-    computes what it computes; the other tasks (``others`` among them) get TVM's default
-    schedules (:mod:`.untuned`)."""
+    computes what it computes (with ``ranks``, by task key, the best from its ``rank``-th
+    fastest record on, counted from 0); the other tasks (``others`` among them) get TVM's
+    default schedules (:mod:`.untuned`)."""
     register_intrinsics(target)  # a record's trace may tensorize with one
     database = WorkDatabase(work_dir, [t.native.dispatched[0] for t in tasks], keep=CANDIDATES)
-    memory, kept = _agreeing(database.memory, tasks, target)
+    memory, kept = _agreeing(database.memory, tasks, target, ranks or {})
     unchecked = [t for t in tasks if t not in kept]
     covered = covered_by(kept, [*others, *unchecked])
     asked = _Asked(memory)
@@ -110,11 +112,11 @@ class _Asked(ms.database.PyDatabase):  # type: ignore[misc]
 
 
 def _agreeing(
-    memory: Any, tasks: Sequence[TunerTask], target: Target
+    memory: Any, tasks: Sequence[TunerTask], target: Target, ranks: Mapping[str, int]
 ) -> tuple[Any, list[TunerTask]]:
     """A database of each task's best record that computes what the task computes
-    (:mod:`.verify`), and the tasks that have one; ``memory`` as it is where this machine
-    cannot run the target's code."""
+    (:mod:`.verify`), from its ``ranks``-th fastest on, and the tasks that have one;
+    ``memory`` as it is where this machine cannot run the target's code."""
     if not runs_here(target):
         return memory, list(tasks)
     checked = ms.database.MemoryDatabase()
@@ -122,8 +124,14 @@ def _agreeing(
     for task in tasks:
         module = task.native.dispatched[0]
         best = memory.get_top_k(memory.commit_workload(module), CANDIDATES)
-        candidates = [(float(np.mean([float(s) for s in r.run_secs])), r) for r in best]
-        record = best_agreeing(task.name, candidates, results(module, target), _scheduled, target)
+        candidates = sorted(
+            ((float(np.mean([float(s) for s in r.run_secs])), r) for r in best),
+            key=lambda c: c[0],
+        )
+        rank = min(ranks.get(task.key, 0), len(candidates) - 1)
+        record = best_agreeing(
+            task.name, candidates[max(rank, 0) :], results(module, target), _scheduled, target
+        )
         if record is not None:
             workload = checked.commit_workload(module)
             checked.commit_tuning_record(ms.database.TuningRecord(

@@ -1,0 +1,222 @@
+"""``compile``'s last step: each task built the way its calls ran fastest inside the model.
+
+A tune times each candidate alone, over and over, its weights and inputs in cache. In the
+model they come from memory (ResNet-18's convolutions ran 1.24x their records there,
+MobileNetV2's calls 1.64x), and the candidate fastest alone is not always the fastest there.
+So on this machine ``compile`` builds the model :data:`RANKS` more times: with every task's
+second fastest record (that computes what it computes), with its third, and with TVM's
+default schedules; times each function of each build with TVM's debug executor, the builds'
+runs taken in turn (:func:`.compile.profiles`); and builds each task the way it ran fastest
+there. That build is kept only where, timed against the build with the fastest records in one
+interleaved run, the model is faster as a whole.
+
+The choice is kept in the work dir's ``chosen.json`` under a digest of what it was chosen
+from (this host's target, the work dir's, the model's tasks, and each task's fastest records
+by their line in the records file), so the next ``compile`` of the model builds once. A new
+record among a task's fastest, a prune, another host or another model makes it stale: it is
+chosen again. The file is read through an allowlist: a digest, and ranks a choice can make.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..adapters.index import tally_in
+from ..adapters.meta_schedule import NAME as META_SCHEDULE
+from ..adapters.verify import CANDIDATES
+from ..errors import TuningError
+from ..files import read_regular
+from ..inputs import host_target
+from ..loaders.winograd import winograd_tasks
+from .compile import Built, Plan, Share, build, compare, profile, profiles
+from .defaults import KEY, positive
+from .tune import write_file
+
+#: The file, in the work dir.
+CHOSEN_FILE = "chosen.json"
+#: Records tried per task, fastest first (the fastest is the build ``compile`` makes anyway).
+RANKS = 3
+#: The rank that stands for TVM's default schedule in the file.
+DEFAULT = -1
+#: Below this (the calls of the build with the fastest records, in seconds) nothing is
+#: chosen: the debug executor's timer varies by more than such a model's records differ.
+MIN_SECONDS = 1e-3
+_DIGEST = re.compile(r"[0-9a-f]{64}\Z")
+
+
+def applies(chosen: Plan) -> bool:
+    """Whether a choice can be made for the plan: MetaSchedule's builds take a rank, and a
+    task may have more than one record to choose from."""
+    return chosen.adapter.name == META_SCHEDULE and bool(chosen.tuned)
+
+
+def fastest_lines(chosen: Plan, work_dir: Path) -> dict[str, list[int]]:
+    """Each measured task's fastest records (as many as a build looks at), by line number."""
+    tally = tally_in(chosen.adapter, work_dir)
+    return {t.key: [n for _, n, _ in tally.of(t.key).best[:CANDIDATES]] for t in chosen.tuned}
+
+
+def digest(chosen: Plan, work_dir: Path) -> str:
+    """What a choice depends on, as a hex digest."""
+    state = [str(host_target()), str(chosen.target), [t.key for t in chosen.tasks],
+             sorted(t.key for t in chosen.slower),
+             sorted(fastest_lines(chosen, work_dir).items())]  # fmt: skip
+    return hashlib.sha256(json.dumps(state).encode()).hexdigest()
+
+
+def recall(chosen: Plan, work_dir: str | Path) -> Plan:
+    """The plan with the choice an earlier ``compile`` made for it, where that still holds."""
+    if not applies(chosen):
+        return chosen
+    ranks = _read(Path(work_dir), digest(chosen, Path(work_dir)))
+    return chosen if ranks is None else _with(chosen, ranks)
+
+
+def _with(chosen: Plan, ranks: Mapping[str, int]) -> Plan:
+    """The plan that builds each task of ``ranks`` its way (a task whose fastest record lost
+    to the default alone may take another record)."""
+    tuned = {t.key for t in chosen.tuned}
+    recorded = {k: r for k, r in ranks.items() if r > 0 and k in tuned}
+    return replace(
+        chosen,
+        slower=[t for t in chosen.slower if t.key not in recorded],
+        ranks=recorded,
+        defaulted=[t for t in chosen.tuned if ranks.get(t.key) == DEFAULT],
+        in_model=True,
+    )
+
+
+def _read(work_dir: Path, stamp: str) -> dict[str, int] | None:
+    """The ranks ``chosen.json`` holds for ``stamp``; None for another digest, or a file
+    that is not what :func:`_write` writes (it is then chosen again, and rewritten)."""
+    data = read_regular(work_dir / CHOSEN_FILE)
+    if data is None:
+        return None
+    try:
+        entry = json.loads(data)
+    except ValueError:
+        return None
+    if not (isinstance(entry, dict) and set(entry) == {"digest", "ranks", "ms"}):
+        return None
+    stamped, ranks, ms = entry["digest"], entry["ranks"], entry["ms"]
+    if not (isinstance(stamped, str) and _DIGEST.match(stamped)
+            and isinstance(ranks, dict) and all(_rank(k, r) for k, r in ranks.items())
+            and isinstance(ms, list) and len(ms) == 2
+            and all(positive(m) for m in ms)):  # fmt: skip
+        return None
+    return dict(ranks) if stamped == stamp else None
+
+
+def _rank(key: Any, rank: Any) -> bool:
+    """A task key, and a rank this module chooses (not 0: the fastest needs no entry)."""
+    return (isinstance(key, str) and bool(KEY.match(key)) and not isinstance(rank, bool)
+            and isinstance(rank, int) and (rank == DEFAULT or 0 < rank < RANKS))  # fmt: skip
+
+
+def _write(work_dir: Path, stamp: str, ranks: Mapping[str, int], ms: Sequence[float]) -> None:
+    """Keep the choice; a work dir that cannot be written keeps none (the next compile
+    chooses again)."""
+    text = json.dumps({"digest": stamp, "ranks": dict(ranks), "ms": [round(m, 4) for m in ms]})
+    with contextlib.suppress(TuningError):
+        write_file(work_dir / CHOSEN_FILE, text + "\n")
+
+
+def fastest(
+    times: Sequence[Mapping[str, float]], chosen: Plan, records: Mapping[str, int]
+) -> dict[str, int]:
+    """Each task's way whose calls took least inside the model (seconds by task key: of the
+    plan's own build, of ranks 1 to :data:`RANKS` - 1, of TVM's default), where that is not
+    the way the plan built it. A task a build has no time for is not chosen there, nor a rank
+    past its ``records`` (by task key: the build took its last record again)."""
+    ways: dict[str, int] = {}
+    slower = {t.key for t in chosen.slower}
+    for task in chosen.tuned:
+        own = DEFAULT if task.key in slower else 0
+        options = [own, *range(1, RANKS), DEFAULT]
+        timed = [(t[task.key], way) for t, way in zip(times, options, strict=True)
+                 if task.key in t and way < records.get(task.key, 0)]  # fmt: skip
+        if timed and timed[0][1] == own:
+            _, way = min(timed, key=lambda pair: pair[0])  # the first of equals: its own
+            if way != own:
+                ways[task.key] = way
+    return ways
+
+
+def by_task(shares: Sequence[Share], functions: Mapping[str, str]) -> dict[str, float]:
+    """A profile's seconds added up by the task each function is, where known."""
+    seconds: dict[str, float] = {}
+    for share in shares:
+        key = functions.get(share.function)
+        if key is not None:
+            seconds[key] = seconds.get(key, 0.0) + share.seconds
+    return seconds
+
+
+def choose(
+    mod: Any,
+    params: Any,
+    work_dir: str | Path,
+    chosen: Plan,
+    built: Built,
+    inputs: dict[str, np.ndarray[Any, Any]],
+) -> tuple[Plan, Built]:
+    """The plan and build to keep: ``built`` (of ``chosen``), or the model built with each
+    task's way that ran fastest inside it, where that runs faster (see the module)."""
+    work = Path(work_dir)
+    if chosen.in_model or not applies(chosen):
+        return chosen, built
+    stamp = digest(chosen, work)
+    own = profile(built.factory, inputs)
+    if sum(share.seconds for share in own) < MIN_SECONDS:  # nothing kept: it is quick to see
+        return chosen, built
+    _say(f"timing each task's {RANKS} fastest records and TVM's default inside the model: "
+         f"{RANKS} more builds (--no-choose skips this)")  # fmt: skip
+    variants = [replace(chosen, slower=[], ranks={t.key: r for t in chosen.tuned})
+                for r in range(1, RANKS)]  # fmt: skip
+    # TOPI has no schedule for a Winograd convolution: those keep their records.
+    direct = [t for t in chosen.tuned if not winograd_tasks([t])]
+    variants.append(replace(chosen, slower=[], defaulted=direct))
+    builds = [build(mod, params, work, variant) for variant in variants]
+    functions = dict(built.functions)
+    for other in builds:
+        functions.update(other.functions)
+    factories = [built.factory, *(b.factory for b in builds)]
+    times = [by_task(shares, functions) for shares in profiles(factories, inputs)]
+    keys = {t.key for t in direct}
+    times[-1] = {k: s for k, s in times[-1].items() if k in keys}  # the others kept records
+    counts = {key: len(lines) for key, lines in fastest_lines(chosen, work).items()}
+    ways = fastest(times, chosen, counts)
+    if not ways:
+        calls = sum(times[0].values()) * 1e3
+        _write(work, stamp, {}, [calls, calls])
+        _say("each task ran fastest inside the model the way it was built")
+        return _with(chosen, {}), built
+    mixed = _with(chosen, ways)
+    remade = build(mod, params, work, mixed)
+    ran, ran_mixed = compare([built.factory, remade.factory], inputs)
+    ms = [ran.seconds * 1e3, ran_mixed.seconds * 1e3]
+    others = sum(1 for w in ways.values() if w > 0)
+    said = (f"{others} task(s) ran faster inside the model with another of their records, "
+            f"{len(ways) - others} with TVM's default")  # fmt: skip
+    if ran_mixed.seconds < ran.seconds:
+        _write(work, stamp, ways, ms)
+        _say(f"{said}: built so, the model {ms[0]:.4g} -> {ms[1]:.4g} ms")
+        return mixed, remade
+    _write(work, stamp, {}, ms)
+    _say(f"{said}, but the model built so was not faster ({ms[0]:.4g} -> {ms[1]:.4g} ms): "
+         "built with the fastest records")  # fmt: skip
+    return _with(chosen, {}), built
+
+
+def _say(line: str) -> None:
+    print(f"relay-tasks: {line}", file=sys.stderr, flush=True)
