@@ -126,7 +126,8 @@ def _rank(key: Any, rank: Any) -> bool:
 def _write(work_dir: Path, stamp: str, ranks: Mapping[str, int], ms: Sequence[float]) -> None:
     """Keep the choice; a work dir that cannot be written keeps none (the next compile
     chooses again)."""
-    text = json.dumps({"digest": stamp, "ranks": dict(ranks), "ms": [round(m, 4) for m in ms]})
+    latencies = [float(f"{m:.4g}") for m in ms]
+    text = json.dumps({"digest": stamp, "ranks": dict(ranks), "ms": latencies})
     with contextlib.suppress(TuningError):
         write_file(work_dir / CHOSEN_FILE, text + "\n")
 
