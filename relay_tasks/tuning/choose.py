@@ -55,8 +55,8 @@ _DIGEST = re.compile(r"[0-9a-f]{64}\Z")
 
 
 def applies(chosen: Plan) -> bool:
-    """Whether a choice can be made for the plan: MetaSchedule's builds take a rank, and a
-    task may have more than one record to choose from."""
+    """Whether a choice can be made for the plan: MetaSchedule's builds take a rank, and some
+    of the model's tasks have records."""
     return chosen.adapter.name == META_SCHEDULE and bool(chosen.tuned)
 
 
