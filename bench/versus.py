@@ -211,7 +211,10 @@ def run_model(model: str, args: argparse.Namespace) -> dict[str, Any]:
         if not library.exists():
             _cli(["tune", str(onnx), "--tuner", args.tuner, "--work-dir", str(work),
                   "--time", f"{(minutes - spent) * 60:.0f}", *flags])  # fmt: skip
+            started = time.monotonic()  # a MetaSchedule compile chooses in the model too
             _cli(["compile", str(onnx), "--work-dir", str(work), "-o", str(library), *flags])
+            print(f"{model}: compile after {minutes:g} min took "
+                  f"{time.monotonic() - started:.0f} s", file=sys.stderr)  # fmt: skip
         libraries[f"tuned {minutes:g} min"] = library
         spent = minutes
     with tempfile.NamedTemporaryFile(suffix=".json") as answer:
