@@ -162,9 +162,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-choose",
         action="store_true",
         help="build each task with its fastest record as its tuner timed it alone; without "
-        "it, a MetaSchedule work dir's model is also built with each task's next fastest "
-        "records and TVM's default, each function timed inside the model, and built the "
-        "fastest way there (kept in the work dir for the next compile)",
+        "it, a MetaSchedule work dir's model is also built with each task's second and third "
+        "fastest records, each function timed inside the model, and each task built from the "
+        "record that ran fastest there (kept in the work dir for the next compile)",
     )
     build.add_argument(
         "--untuned",
@@ -589,13 +589,21 @@ def _compile(args: argparse.Namespace) -> int:
         print(f"relay-tasks: built the convolutions of {len(direct)} Winograd call(s) direct: "
               "the build used no record of theirs (none computes right, or none is faster "
               "than TVM's default), and that default is unscheduled", file=sys.stderr)  # fmt: skip
+    path = building.export(built.factory, args.output)
     inputs = building.random_inputs(plain, plain_params)
-    if choosing:
+    if choosing:  # the library with the fastest records is written: Ctrl-C keeps it
         from .tuning.choose import choose
 
-        chosen, built = choose(mod, params, args.work_dir, chosen, built, inputs)
+        first = built
+        try:
+            chosen, built = choose(mod, params, args.work_dir, chosen, built, inputs)
+        except KeyboardInterrupt:
+            print(f"relay-tasks: stopped while choosing; {path} holds the build with the "
+                  "fastest records (the next compile chooses again)", file=sys.stderr)  # fmt: skip
+            raise
+        if built is not first:
+            building.export(built.factory, args.output)
     factory = built.factory
-    path = building.export(factory, args.output)
     if built.unfound:  # TVM warns twice per function without a record: said once here
         print(f"relay-tasks: built {built.unfound // 2 or 1} function(s) without a record, as "
               f"said above (TVM's messages: {Path(args.work_dir) / 'tune.log'})",

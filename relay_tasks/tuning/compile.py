@@ -47,9 +47,7 @@ class Plan:
     #: Where the model ran faster with another record than a task's fastest: the rank to
     #: build it from (:mod:`.choose`), by task key.
     ranks: dict[str, int] = field(default_factory=dict)
-    #: Tasks whose records lost to TVM's default inside the model (built with it).
-    defaulted: list[TunerTask] = field(default_factory=list)
-    #: Whether ``ranks`` and ``defaulted`` are a choice timed in the model on this host.
+    #: Whether ``ranks`` is a choice timed in the model on this host.
     in_model: bool = False
 
     @property
@@ -59,7 +57,7 @@ class Plan:
     @property
     def applied(self) -> list[TunerTask]:
         """The tasks built with their records."""
-        return [t for t in self.tuned if t not in self.slower and t not in self.defaulted]
+        return [t for t in self.tuned if t not in self.slower]
 
     def describe(self) -> str:
         line = f"the records cover {len(self.tuned)} of the model's {len(self.tasks)} tasks"
@@ -69,10 +67,9 @@ class Plan:
         if self.slower:
             names = ", ".join(t.name for t in self.slower)
             line += f"; slower than TVM's default schedule (built with it): {names}"
-        if self.ranks or self.defaulted:
+        if self.ranks:
             line += (f"; as timed in the model by an earlier compile, {len(self.ranks)} built "
-                     f"with another of their fastest records, {len(self.defaulted)} with TVM's "
-                     "default")  # fmt: skip
+                     "with another of their fastest records")  # fmt: skip
         if self.stale:
             line += (f"; {len(self.stale)} default latencies were measured by an older "
                      "relay-tasks, its way (`relay-tasks tune` measures them again)")  # fmt: skip
@@ -226,11 +223,19 @@ def check_output(output: str | Path) -> Path:
 
 
 def export(factory: Any, output: str | Path) -> Path:
+    """Write the library whole or not at all: to a name of its own beside ``output`` first,
+    then renamed (a compile stopped while writing, or while choosing after it wrote the build
+    with the fastest records, leaves the library written before, never half of one)."""
     path = check_output(output)
+    partial = path.with_name(f".{path.stem}.{os.getpid()}.partial{path.suffix}")
     try:
-        factory.export_library(str(path))
+        factory.export_library(str(partial))
+        os.replace(partial, path)
     except Exception as err:
         raise ModelError(f"{path}: cannot write the library ({describe_failure(err)})") from err
+    finally:
+        with contextlib.suppress(OSError):
+            partial.unlink()
     return path
 
 

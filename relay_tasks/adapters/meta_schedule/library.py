@@ -115,8 +115,8 @@ def _agreeing(
     memory: Any, tasks: Sequence[TunerTask], target: Target, ranks: Mapping[str, int]
 ) -> tuple[Any, list[TunerTask]]:
     """A database of each task's best record that computes what the task computes
-    (:mod:`.verify`), from its ``ranks``-th fastest on, and the tasks that have one;
-    ``memory`` as it is where this machine cannot run the target's code."""
+    (:mod:`.verify`), from its ``ranks``-th fastest on where one of those does, and the tasks
+    that have one; ``memory`` as it is where this machine cannot run the target's code."""
     if not runs_here(target):
         return memory, list(tasks)
     checked = ms.database.MemoryDatabase()
@@ -128,10 +128,11 @@ def _agreeing(
             ((float(np.mean([float(s) for s in r.run_secs])), r) for r in best),
             key=lambda c: c[0],
         )
-        rank = min(ranks.get(task.key, 0), len(candidates) - 1)
-        record = best_agreeing(
-            task.name, candidates[max(rank, 0) :], results(module, target), _scheduled, target
-        )
+        rank = max(min(ranks.get(task.key, 0), len(candidates) - 1), 0)
+        expected = results(module, target)
+        record = best_agreeing(task.name, candidates[rank:], expected, _scheduled, target)
+        if record is None and rank:  # none from there computes right: the best that does
+            record = best_agreeing(task.name, candidates, expected, _scheduled, target)
         if record is not None:
             workload = checked.commit_workload(module)
             checked.commit_tuning_record(ms.database.TuningRecord(
