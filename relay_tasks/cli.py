@@ -590,7 +590,8 @@ def _compile(args: argparse.Namespace) -> int:
               "the build used no record of theirs (none computes right, or none is faster "
               "than TVM's default), and that default is unscheduled", file=sys.stderr)  # fmt: skip
     path = building.export(built.factory, args.output)
-    inputs = building.random_inputs(plain, plain_params)
+    timed = choosing or args.benchmark or args.profile
+    inputs = building.random_inputs(plain, plain_params) if timed else {}
     if choosing:  # the library with the fastest records is written: Ctrl-C keeps it
         from .tuning.choose import choose
 

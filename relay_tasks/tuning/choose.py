@@ -68,9 +68,12 @@ def fastest_lines(chosen: Plan, work_dir: Path) -> dict[str, list[int]]:
 
 def digest(chosen: Plan, work_dir: Path) -> str:
     """What a choice depends on, as a hex digest."""
+    return _digest(chosen, fastest_lines(chosen, work_dir))
+
+
+def _digest(chosen: Plan, lines: Mapping[str, list[int]]) -> str:
     state = [str(host_target()), str(chosen.target), [t.key for t in chosen.tasks],
-             sorted(t.key for t in chosen.slower),
-             sorted(fastest_lines(chosen, work_dir).items())]  # fmt: skip
+             sorted(t.key for t in chosen.slower), sorted(lines.items())]  # fmt: skip
     return hashlib.sha256(json.dumps(state).encode()).hexdigest()
 
 
@@ -165,7 +168,8 @@ def choose(
     work = Path(work_dir)
     if chosen.in_model or not applies(chosen):
         return chosen, built
-    stamp = digest(chosen, work)
+    lines = fastest_lines(chosen, work)
+    stamp = _digest(chosen, lines)
     own = profile(built.factory, inputs)
     calls = sum(share.seconds for share in own) * 1e3
     if calls < MIN_SECONDS * 1e3:  # nothing kept: it is quick to see
@@ -185,8 +189,7 @@ def choose(
         functions.update(other.functions)
     factories = [built.factory, *(b.factory for b in builds)]
     times = [by_task(shares, functions) for shares in profiles(factories, inputs)]
-    counts = {key: len(lines) for key, lines in fastest_lines(chosen, work).items()}
-    ways = fastest(times, chosen, counts)
+    ways = fastest(times, chosen, {key: len(numbers) for key, numbers in lines.items()})
     if not ways:
         _write(work, stamp, {}, [calls, calls])
         _say("each task ran fastest inside the model with its fastest record")
