@@ -33,9 +33,13 @@ TARGETS = {"x86": X86, "cuda": CUDA}
 
 def _slow(model: str, target: str) -> bool:
     """Rows in the slow tier for the default run's time (under 15 minutes on a slow host):
-    the ONNX exports on CUDA (the module of their x86 rows, lowered as the PyTorch rows'), and
+    torchvision ResNet-18 traced (the acceptance test in tests/loaders/test_pytorch.py compares
+    it three ways; its ONNX export and the zoo's ResNet-18 keep every tuner's rows), the ONNX
+    exports on CUDA (the module of their x86 rows, lowered as the PyTorch rows'), and
     SqueezeNet's export (its operators are its PyTorch rows')."""
-    return model.endswith("-onnx") and (target == CUDA or "squeezenet" in model)
+    return model == "torchvision-resnet18" or (
+        model.endswith("-onnx") and (target == CUDA or "squeezenet" in model)
+    )
 
 
 ROWS = [
@@ -49,16 +53,7 @@ ROWS = [
     for row in model_rows()
     for tname, target in TARGETS.items()
 ]  # fmt: skip
-#: MetaSchedule's rows, less torchvision ResNet-18 on x86 (slow tier): the acceptance test in
-#: tests/loaders/test_pytorch.py compares that one three ways.
-MS_ROWS = [
-    pytest.param(*r.values, id=r.id, marks=(*r.marks, pytest.mark.slow))
-    if r.id == "torchvision-resnet18-x86" else r
-    for r in ROWS
-]  # fmt: skip
-
-
-@pytest.mark.parametrize(("model", "target"), MS_ROWS)
+@pytest.mark.parametrize(("model", "target"), ROWS)
 def test_meta_schedule(model: str, target: str) -> None:
     tasks = assert_meta_schedule_matches(*load(model), target)
     names = " ".join(t.task_name for t in tasks)
