@@ -202,7 +202,8 @@ def _gflop(work: Path, onnx: Path) -> float:
 def run_model(model: str, args: argparse.Namespace) -> dict[str, Any]:
     onnx = exported(model, args.out)
     flags = ["--winograd"] if args.winograd else []
-    variant = "-".join([args.tuner, *(f[2:] for f in flags)])
+    variant = "-".join([args.tuner, *(f[2:] for f in flags), *(["seeds"] if args.seeds else [])])
+    seeds = [] if args.seeds or args.tuner != "meta_schedule" else ["--no-seeds"]
     work = args.out / f"{model}-{variant}"
     libraries: dict[str, Path] = {}
     spent = 0.0
@@ -210,7 +211,7 @@ def run_model(model: str, args: argparse.Namespace) -> dict[str, Any]:
         library = args.out / f"{model}-{variant}-{minutes:g}min.so"
         if not library.exists():
             _cli(["tune", str(onnx), "--tuner", args.tuner, "--work-dir", str(work),
-                  "--time", f"{(minutes - spent) * 60:.0f}", *flags])  # fmt: skip
+                  "--time", f"{(minutes - spent) * 60:.0f}", *flags, *seeds])  # fmt: skip
             started = time.monotonic()  # a MetaSchedule compile chooses in the model too
             _cli(["compile", str(onnx), "--work-dir", str(work), "-o", str(library), *flags])
             print(f"{model}: compile after {minutes:g} min took "
@@ -269,6 +270,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--winograd",
         action="store_true",
         help="tune and compile with --winograd (MetaSchedule and Ansor)",
+    )
+    parser.add_argument(
+        "--seeds",
+        action="store_true",
+        help="start MetaSchedule's tasks from the seeds shipped for this CPU family (made from "
+        "these very models' tunes by ./dev seeds: without it the bench times search alone)",
     )
     parser.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "versus-bench")
     parser.add_argument("--plot", type=Path)

@@ -108,6 +108,14 @@ def build_parser() -> argparse.ArgumentParser:
         "their records and are not tuned again, a similar task starts from their best "
         "schedules, and under MetaSchedule and Ansor their records also teach the cost model",
     )
+    tune.add_argument(
+        "--no-seeds",
+        dest="seeds",
+        action="store_false",
+        help="do not start MetaSchedule's tasks from the schedules relay-tasks ships for this "
+        "CPU family (without it, a task with no records first measures those of the same or "
+        "similar tasks; only what they measure here is kept)",
+    )
     _rpc_options(tune)
     tune.add_argument("--timeout", type=float, default=10.0, help="seconds per build and per run")
 
@@ -466,6 +474,7 @@ def _tune(args: argparse.Namespace) -> int:
         rpc_key=args.rpc_key,
         timeout=args.timeout,
         reuse=args.reuse,
+        seeds=args.seeds,
     )
     print(format_status(now, task_flops(get_adapter(args.tuner), tasks)))
     _status(f"records in {args.work_dir}; next: relay-tasks status / relay-tasks compile")

@@ -583,7 +583,7 @@ def test_tune_hands_the_models_tasks_and_every_option_to_the_tuner(
     work = str(tmp_path / "w")
     argv = ["tune", str(text), "--params", str(params), "--target", X86, "--tuner", "autotvm",
             "--trials", "7", "--work-dir", work, "--rpc-tracker", "h:9190", "--rpc-key", "k",
-            "--timeout", "3.5", "--reuse", "a", "b", "--time", "1h"]  # fmt: skip
+            "--timeout", "3.5", "--reuse", "a", "b", "--time", "1h", "--no-seeds"]  # fmt: skip
     assert main(argv) == 0
     ((tasks, target, options),) = tune_calls
     mod, weights = load_model(text, params=params)
@@ -592,7 +592,7 @@ def test_tune_hands_the_models_tasks_and_every_option_to_the_tuner(
     assert str(target) == str(tvm.target.Target(X86))
     assert options == {"tuner": "autotvm", "trials": 7, "work_dir": work,
                        "rpc_tracker": "h:9190", "rpc_key": "k", "timeout": 3.5, "reuse": ["a", "b"],
-                       "time_budget": 3600.0}  # fmt: skip
+                       "time_budget": 3600.0, "seeds": False}  # fmt: skip
     flops = task_flops(get_adapter("autotvm"), tasks)
     assert capsys.readouterr().out == format_status(standing(tasks, []), flops) + "\n"
 

@@ -53,6 +53,8 @@ ROWS = [
     for row in model_rows()
     for tname, target in TARGETS.items()
 ]  # fmt: skip
+
+
 @pytest.mark.parametrize(("model", "target"), ROWS)
 def test_meta_schedule(model: str, target: str) -> None:
     tasks = assert_meta_schedule_matches(*load(model), target)

@@ -144,12 +144,13 @@ class Adapter:
       here and returns the native task with its source;
     - ``key(native)``: the task's identity, recomputed from a decoded task to check a task file;
     - ``merge(tasks)``: one task from equal tasks of several models (weights added);
-    - ``tune(tasks, target, trials, work_dir, runner, defaults, teachers)``: tune until
+    - ``tune(tasks, target, trials, work_dir, runner, defaults, teachers, seeds)``: tune until
       ``work_dir`` holds ``trials`` valid measurements (failed ones are retried, not counted),
       logging as it goes; ``defaults`` are the latencies of the default schedules (by
       ``alternatives_of``), which the allocation of measurements starts from; ``teachers()``
       the tasks tuned for other models (:class:`Tuned`), whose records its cost model may
-      learn and its search may start similar tasks from;
+      learn and its search may start similar tasks from; with ``seeds``, its search may start
+      tasks from the schedules shipped for the target's CPU family, where it has any;
     - ``measurements(work_dir)``: the records in ``work_dir``, in the order measured, each
       under its task's key (the records name their tasks; standing() matches them to rows);
     - ``flops(native)``: floating-point operations of one call of the task;
@@ -171,7 +172,9 @@ class Adapter:
     - ``read(work_dir, lines)``: the measurement of each record line (:class:`Line`) of
       ``work_dir``'s records, in order, each line checked as any record is; a failure has no
       seconds and, as its error, the tuner's name for it ("" where it names none), to which
-      :mod:`.index` joins its cause.
+      :mod:`.index` joins its cause;
+    - ``seeded(tasks, target)``: how many of ``tasks`` its tune starts from the schedules
+      shipped for ``target``'s CPU family (0 for a tuner none are shipped for).
     """
 
     name: str
@@ -197,6 +200,9 @@ class Adapter:
     files: RecordFiles = NO_FILES
     read: Callable[[Path, Iterable[Line]], Iterator[Measurement]] = field(
         default=lambda work_dir, lines: iter(()), repr=False
+    )
+    seeded: Callable[[Sequence[TunerTask], Any], int] = field(
+        default=lambda tasks, target: 0, repr=False
     )
 
 

@@ -78,6 +78,7 @@ def tune(
     timeout: float = 10.0,
     reuse: Sequence[str | Path] = (),
     time_budget: float | None = None,
+    seeds: bool = True,
 ) -> Standing:
     """Tune until ``work_dir`` holds ``trials`` valid measurements, or ``time_budget`` seconds
     have passed (whichever comes first; ``trials=None``: the time alone); returns every task's
@@ -89,7 +90,10 @@ def tune(
     and ``rpc_key`` measure on devices behind a TVM RPC tracker instead of this machine.
     ``reuse`` names work dirs tuned for other models with the same tuner and target: the valid
     records of equal tasks are copied here, and those tasks are not tuned again (``trials``
-    then counts the measurements of the others).
+    then counts the measurements of the others). With ``seeds``, a MetaSchedule task with no
+    records first measures the schedules relay-tasks ships for the target's CPU family, of
+    that task or of its operators at other shapes (seeds, never kept as measurements: only
+    what they measure here is).
 
     When the time is up the tuner is stopped as a signal stops it: every record on disk is
     kept (AutoTVM and Ansor write theirs a batch at a time, so the batch under way is not).
@@ -135,6 +139,7 @@ def tune(
         records = tally_in(adapter, folder)  # each record checked on its own, then
         adapter.check(every, folder)  # against the tasks it would be applied to
         reused += _similar(adapter, tasks, records, reuse)
+        reused += _seeded(adapter, tasks, records, tgt) if seeds else []
         before = standing(tasks, records)
         display = _Progress(adapter, tasks, folder, trials, since=before.valid,
                             defaults=runner.tracker is None)  # fmt: skip
@@ -155,7 +160,7 @@ def tune(
         deadline = None if time_budget is None else time.monotonic() + time_budget
         display.deadline = deadline
         stopped = _run_worker(adapter, tasks, folder, trials, runner, document, display, reuse,
-                              deadline)  # fmt: skip
+                              deadline, seeds)  # fmt: skip
         after = standing(tasks, tally_in(adapter, folder))
         if stopped == TIME_UP and time_budget is not None:
             new = after.valid - before.valid
@@ -229,6 +234,20 @@ def _similar(
     verb = "starts" if similar == 1 else "start"
     return [f"{similar} of {len(tasks)} task{'s' * (len(tasks) > 1)} to tune {verb} from the "
             "best schedules of similar tasks tuned there"]  # fmt: skip
+
+
+def _seeded(adapter: Adapter, tasks: Sequence[TunerTask], records: Tally, target: Any
+             ) -> list[str]:  # fmt: skip
+    """How many of ``tasks`` (those with no records yet) start from the schedules shipped for
+    ``target``'s CPU family, in words."""
+    measured = records.measured()
+    seeded = adapter.seeded([t for t in tasks if t.key not in measured], target)
+    if not seeded:
+        return []
+    verb = "starts" if seeded == 1 else "start"
+    return [f"{seeded} of {len(tasks)} task{'s' * (len(tasks) > 1)} to tune {verb} from "
+            "schedules relay-tasks ships for this CPU family, measured here first "
+            "(--no-seeds: without them)"]  # fmt: skip
 
 
 def tuned_in(work_dirs: Sequence[str | Path]) -> list[Tuned]:
@@ -397,6 +416,7 @@ def _run_worker(
     display: _Progress,
     reuse: Sequence[str | Path] = (),
     deadline: float | None = None,
+    seeds: bool = True,
 ) -> int | None:
     """Run the worker to the end, or until a signal (returns that signal's number) or the
     ``deadline`` (a ``time.monotonic()``; returns ``TIME_UP``).
@@ -420,7 +440,8 @@ def _run_worker(
         own.write_text(dumps(document) + "\n")
         command = [sys.executable, "-I", "-m", "relay_tasks.tuning.worker", str(folder.resolve()),
                    str(own), json.dumps(trials), json.dumps(asdict(runner)), str(os.getpid()),
-                   json.dumps([str(Path(p).resolve()) for p in reuse])]  # fmt: skip
+                   json.dumps([str(Path(p).resolve()) for p in reuse]),
+                   json.dumps(seeds)]  # fmt: skip
         log.write(f"\n=== relay-tasks tune, {time.strftime('%Y-%m-%d %H:%M:%S')} ===\n".encode())
         log.flush()
         child = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log,

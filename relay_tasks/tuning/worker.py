@@ -1,5 +1,5 @@
 """The tuning child process: ``python -m relay_tasks.tuning.worker WORK_DIR TASKS TRIALS RUNNER
-PARENT REUSE``.
+PARENT REUSE SEEDS``.
 
 Reads its task file (data, checked like any task file), tunes into the work dir, and on
 failure says why in one marked line for the supervisor (:mod:`relay_tasks.tuning.tune`). It runs
@@ -39,6 +39,7 @@ def main(argv: list[str]) -> int:
     )
     watch_parent(int(argv[4]))
     reuse = [Path(p) for p in json.loads(argv[5])]
+    seeds = json.loads(argv[6]) is True
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, force=True)
     try:
         loaded = load_tasks(tasks)
@@ -48,7 +49,8 @@ def main(argv: list[str]) -> int:
         if tracker is None:  # a device's defaults would be measured on it: not done yet
             measure_defaults(adapter, loaded.tasks, loaded.target, folder)
         tune_until(adapter, loaded.tasks, loaded.target, trials, folder, options,
-                   teachers=lambda: other_tunes(folder, loaded.tasks, reuse))  # fmt: skip
+                   teachers=lambda: other_tunes(folder, loaded.tasks, reuse),
+                   seeds=seeds)  # fmt: skip
     except Exception as err:
         traceback.print_exc()
         print(f"{failure_mark(os.getpid())}{describe_failure(err)}", file=sys.stderr, flush=True)
@@ -64,12 +66,14 @@ def tune_until(
     folder: Path,
     runner: Runner,
     teachers: Callable[[], Sequence[Tuned]] = tuple,
+    seeds: bool = True,
 ) -> None:
     """Tuners spend their budget on attempts, failed ones included; passes go on until the
     records hold ``trials`` valid measurements, or ``BARREN_PASSES`` passes in a row add none
     (the supervisor then reports the failures). One barren pass is no verdict: Ansor's small
     rounds can draw only states that fail to instantiate. ``teachers`` gives the tasks tuned
-    for other models, whose records a tuner may learn from.
+    for other models, whose records a tuner may learn from; ``seeds``, whether it may start
+    from the schedules shipped for the target's CPU family.
 
     ``trials=None`` (a time budget, which the supervisor keeps): passes of ``PASS_PER_TASK``
     measurements a task go on until stopped. A tuner given all the time as one budget spends
@@ -79,7 +83,7 @@ def tune_until(
     while (trials is None or valid < trials) and barren < BARREN_PASSES:
         goal = valid + PASS_PER_TASK * len(tasks) if trials is None else trials
         adapter.tune(tasks, target, goal, folder, runner, defaults=read_defaults(folder),
-                     teachers=teachers)  # fmt: skip
+                     teachers=teachers, seeds=seeds)  # fmt: skip
         now = _valid(adapter, tasks, folder)
         barren = barren + 1 if now == valid else 0
         valid = now

@@ -162,9 +162,7 @@ def _faster_at(rank_index: int, factor: float):
 
 #: Kept as the default run's; a choice the whole model runs slower with is let go in the slow
 #: tier (30 s a row; the confirming comparison is the same code either way).
-@pytest.mark.parametrize(
-    "faster_as_a_whole", [True, pytest.param(False, marks=pytest.mark.slow)]
-)
+@pytest.mark.parametrize("faster_as_a_whole", [True, pytest.param(False, marks=pytest.mark.slow)])
 def test_compile_builds_each_task_the_way_it_ran_fastest_and_keeps_that(
     tuned, tiny, tmp_path, monkeypatch, capsys, faster_as_a_whole
 ) -> None:

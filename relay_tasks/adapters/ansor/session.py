@@ -48,13 +48,18 @@ def tune(
     runner: Runner,
     defaults: Mapping[str, float] = MappingProxyType({}),
     teachers: Callable[[], Sequence[Tuned]] = tuple,
+    seeds: bool = True,
 ) -> None:
     """Ansor's task scheduler (gradient, by weight) until the log holds ``trials`` valid
     measurements, starting from the default schedules' latencies (``defaults``, by
     ``alternatives_of``; see :class:`_FromDefaults`); the search effort scales down with the
     budget. Its cost model first learns the records of these tasks and of ``teachers()``
     (tasks tuned for other models, here or in ``--reuse`` dirs), and a task with no records
-    starts from the best states of its nearest similar tasks (:class:`_Tutors`)."""
+    starts from the best states of its nearest similar tasks (:class:`_Tutors`).
+
+    ``seeds`` is the protocol's: no schedules are shipped for Ansor (only MetaSchedule's,
+    :mod:`..meta_schedule.seeds`)."""
+    del seeds
     records = tally(read, work_dir, FILES)
     budget = trials - records.valid_for(t.key for t in tasks)
     if budget <= 0:

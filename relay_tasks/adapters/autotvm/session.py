@@ -35,13 +35,18 @@ def tune(
     runner: Runner,
     defaults: Mapping[str, float] = MappingProxyType({}),
     teachers: Callable[[], Sequence[Tuned]] = tuple,
+    seeds: bool = True,
 ) -> None:
     """XGBTuner per task, until the log holds ``trials`` valid measurements in all, each task's
     share of them by its part of the latency known (``defaults``, the default schedules'
     latencies, and the records; see :func:`allotments`). A task's tuner learns its records,
     and a task with none first measures the best configs of its nearest similar tasks among
     these and ``teachers()`` (tasks tuned for other models, here or in ``--reuse`` dirs; see
-    :class:`_Tutors`). A failed measurement does not count, so a rerun retries it."""
+    :class:`_Tutors`). A failed measurement does not count, so a rerun retries it.
+
+    ``seeds`` is the protocol's: no schedules are shipped for AutoTVM (only MetaSchedule's,
+    :mod:`..meta_schedule.seeds`)."""
+    del seeds
     records = tally(read, work_dir, FILES)
     natives = [create_task(t.native.name, t.native.args, target) for t in tasks]
     tutors = _Tutors.of([Tuned(t, work_dir) for t in tasks], teachers())

@@ -16,7 +16,7 @@ from __future__ import annotations
 from ..base import Adapter
 from .database import FILES, LOGS, adopt, measurements, read
 from .library import build
-from .session import similar, tune
+from .session import seeded, similar, tune
 from .tasks import (
     DEFAULT_PASS_CONFIG,
     MODULE_EQUALITIES,
@@ -46,6 +46,7 @@ ADAPTER = Adapter(
     LOGS,
     adopt=adopt,
     similar=similar,
+    seeded=seeded,
     files=FILES,
     read=read,
 )

@@ -244,9 +244,10 @@ def _same(entry: Entry) -> str:
     return _dumps([entry.key, entry.trace, entry.run_secs])
 
 
-def trace_json(trace: Any) -> Any:
-    """A schedule's trace as the plain JSON a record holds (index maps as object JSON text)."""
-    return _plain(trace.as_json(remove_postproc=False))
+def trace_json(trace: Any, remove_postproc: bool = False) -> Any:
+    """A schedule's trace as the plain JSON a record holds (index maps as object JSON text);
+    ``remove_postproc``: its search's part only, as a seed ships it (:mod:`.seeds`)."""
+    return _plain(trace.as_json(remove_postproc=remove_postproc))
 
 
 def _plain(value: Any) -> Any:

@@ -24,7 +24,7 @@ from ..base import (
     TunerTask,
 )
 from ..index import SEED, Tally, filled, tally
-from ..similar import STARTS, STARTS_EACH, Sizes, nearest, stem
+from ..similar import STARTS, STARTS_EACH, nearest, stem
 from .database import (
     FILES,
     WorkDatabase,
@@ -32,6 +32,7 @@ from .database import (
     workload_key,
 )
 from .runner import CommitEach, Expected, builder_of, runner_of, task_records
+from .seeds import Seed, count_seeded, shipped_for, sizes
 from .tasks import flops, register_intrinsics
 
 
@@ -43,6 +44,7 @@ def tune(
     runner: Runner,
     defaults: Mapping[str, float] = MappingProxyType({}),
     teachers: Callable[[], Sequence[Tuned]] = tuple,
+    seeds: bool = True,
 ) -> None:
     """``ms.tune_tasks`` into a JSON database in ``work_dir`` until it holds ``trials`` valid
     measurements, each round to the task whose part of the estimated latency it is likeliest to
@@ -57,7 +59,8 @@ def tune(
     allocation expects to give it. The cost model first learns the work dir's records of these
     tasks and of ``teachers()`` (tasks tuned for other models, here or in ``--reuse`` dirs);
     a task with no records yet starts from the best schedules of its nearest similar tasks
-    (:func:`_starts`).
+    (:func:`_starts`), among them, with ``seeds``, those shipped for this CPU family
+    (:mod:`.seeds`).
     """
     register_intrinsics(target)
     records = tally(read, work_dir, FILES)
@@ -66,7 +69,8 @@ def tune(
     if budget <= 0:
         return
     full = filled(read, FILES, work_dir, keys, trials)
-    session = _Session(tasks, _with_num_cores(target), work_dir, runner, full)
+    shipped = shipped_for(target) if seeds else ()
+    session = _Session(tasks, _with_num_cores(target), work_dir, runner, full, shipped)
     peak = None if runner.tracker else fma_peak(target)
     allocation = Allocation(tasks, records, defaults, [flops(t.native) for t in tasks], peak)
     warm = min(budget, max(0, WARMUP - session.learn(teachers())))
@@ -108,9 +112,10 @@ class _Session:
     ``full()``, whether the work dir holds the tune's budget (:func:`.index.filled`)."""
 
     def __init__(self, tasks: Sequence[TunerTask], target: Target, work_dir: Path,
-                 runner: Runner, full: Callable[[], bool]) -> None:  # fmt: skip
+                 runner: Runner, full: Callable[[], bool], shipped: Sequence[Seed] = ()
+                 ) -> None:  # fmt: skip
         self.tasks, self.target, self.work_dir, self.runner = tasks, target, work_dir, runner
-        self.full = full
+        self.full, self.shipped = full, shipped
         self.loggers = ms.logging.get_loggers_from_work_dir(
             str(work_dir), [_file_part(t.name) for t in tasks]
         )
@@ -178,7 +183,8 @@ class _Session:
         round of a task with no ``records`` (the work dir's, read at its start) measures the
         schedules :func:`_starts` finds it."""
         measured = records.measured()
-        starts = _starts([t for t in self.tasks if t.key not in measured], self.tutors)
+        fresh = [t for t in self.tasks if t.key not in measured]
+        starts = _starts(fresh, self.tutors, self.shipped)
         contexts = [
             ms.TuneContext(
                 mod=t.native.dispatched[0],
@@ -228,9 +234,10 @@ def _replay(expected: int) -> Any:
     return ms.search_strategy.ReplayTrace()
 
 
-def _starts(tasks: Sequence[TunerTask], tutors: Sequence[tuple[TunerTask, Any]]
-            ) -> dict[str, list[Any]]:  # fmt: skip
-    """By task key, the traces of the best records of each task's nearest similar tutors.
+def _starts(tasks: Sequence[TunerTask], tutors: Sequence[tuple[TunerTask, Any]],
+            shipped: Sequence[Seed] = ()) -> dict[str, list[Any]]:  # fmt: skip
+    """By task key, the traces of the best records of each task's nearest similar tutors and
+    ``shipped`` seeds (a seed of the very task is nearest of all).
 
     Similar: the same fused operators, told by the name MetaSchedule gives a task less the
     number that tells shapes apart; nearest: :func:`.similar.nearest` over the shapes of its
@@ -238,37 +245,28 @@ def _starts(tasks: Sequence[TunerTask], tutors: Sequence[tuple[TunerTask, Any]]
     its tile sizes redrawn where they no longer divide, as MetaSchedule's own search replays
     them; one that does not replay is dropped where it is used (:class:`_StartingFrom`).
     """
-    best: dict[str, list[Any]] = {}  # by tutor: the traces of its best records
-    by_stem: dict[str, list[TunerTask]] = {}
+    known: list[Seed] = []
     for tutor, memory in tutors:
         module = tutor.native.dispatched[0]
-        if tutor.key in best or not memory.has_workload(module):
+        if any(k.key == tutor.key for k in known) or not memory.has_workload(module):
             continue
         top = memory.get_top_k(memory.commit_workload(module), STARTS_EACH)  # valid ones only
-        traces = [r.trace for r in top]
-        if traces:
-            best[tutor.key] = traces
-            by_stem.setdefault(stem(tutor.native.task_name), []).append(tutor)
-    sizes: dict[str, Sizes] = {}  # by task key: estimating FLOPs walks the whole function
-    for task in [*tasks, *(t for near in by_stem.values() for t in near)]:
-        sizes.setdefault(task.key, _sizes(task))
+        if top:
+            name = stem(tutor.native.task_name)
+            known.append(Seed(tutor.key, name, sizes(tutor), tuple(r.trace for r in top)))
+    by_stem: dict[str, list[Seed]] = {}
+    for seed in [*known, *shipped]:
+        by_stem.setdefault(seed.stem, []).append(seed)
     starts = {}
     for task in tasks:
-        near = [(sizes[t.key], t) for t in by_stem.get(stem(task.native.task_name), [])
-                if t.key != task.key]  # fmt: skip
-        found = [trace for t in nearest(sizes[task.key], near) for trace in best[t.key]][:STARTS]
-        if found:
-            starts[task.key] = found
+        # A task's own records are no start (a resumed tune has them); a seed of it is.
+        near = [seed for seed in by_stem.get(stem(task.native.task_name), [])
+                if seed.key != task.key or seed in shipped]  # fmt: skip
+        if not near:
+            continue
+        ordered = nearest(sizes(task), [(seed.sizes, seed) for seed in near])
+        starts[task.key] = [trace for seed in ordered for trace in seed.traces][:STARTS]
     return starts
-
-
-def _sizes(task: TunerTask) -> Sizes:
-    """The shapes of the buffers a task's function takes, in order (a dynamic extent as 1),
-    and its FLOPs."""
-    func = task.native.dispatched[0]["main"]
-    shapes = [tuple(int(getattr(d, "value", 1)) for d in func.buffer_map[p].shape)
-              for p in func.params]  # fmt: skip
-    return shapes, flops(task.native)
 
 
 # TVM's derived_object replaces the class, which mutation tools cannot instrument.
@@ -322,7 +320,10 @@ def _replayed(context: Any, traces: Sequence[Any]) -> list[Any]:
     for trace in traces:
         schedule = tvm.tir.Schedule(context.mod, error_render_level="none")
         try:
-            trace.apply_to_schedule(schedule, remove_postproc=True)
+            if isinstance(trace, list):  # a seed's, as JSON (:mod:`.seeds`)
+                tvm.tir.schedule.Trace.apply_json_to_schedule(trace, schedule)
+            else:
+                trace.apply_to_schedule(schedule, remove_postproc=True)
             schedule.enter_postproc()
             finished = all(p.apply(schedule) for p in postprocs)
         except tvm.TVMError:
@@ -397,3 +398,9 @@ def similar(tasks: Sequence[TunerTask], tuned: Callable[[], Sequence[Tuned]]) ->
         valid[where] = {k for k, t in tally(read, where, FILES).tasks.items() if t.valid}
     stems = {stem(t.task.native.task_name) for t in others if t.task.key in valid[t.work_dir]}
     return sum(stem(t.native.task_name) in stems for t in tasks)
+
+
+def seeded(tasks: Sequence[TunerTask], target: Target) -> int:
+    """How many of ``tasks`` a tune starts from the seeds shipped for ``target``'s CPU family
+    (:mod:`.seeds`), of the very task or of its operators at other shapes."""
+    return count_seeded(shipped_for(target), (stem(t.native.task_name) for t in tasks))

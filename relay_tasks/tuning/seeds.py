@@ -1,0 +1,52 @@
+"""Seeds from MetaSchedule work dirs: what ``./dev seeds`` ships for this CPU family.
+
+Each task of the work dirs gives the search part of its fastest valid records' traces (their
+postprocessing is redone for the task that replays them), with its stem and sizes, so that a
+tune of another model finds them by task or by operator (:mod:`..adapters.meta_schedule.seeds`).
+A task several work dirs tuned gives its fastest records over all of them: they were measured
+on one machine, so their times compare.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import tvm
+
+from ..adapters.meta_schedule.database import best_entries, trace_json
+from ..adapters.meta_schedule.seeds import Seed, sizes
+from ..adapters.similar import STARTS_EACH, stem
+from ..errors import UsageError
+from .tune import tasks_in
+
+
+def seeds_of(work_dirs: Sequence[Path]) -> list[Seed]:
+    """The seeds of every task the MetaSchedule ``work_dirs`` tuned, by key, in the order
+    first met."""
+    found: dict[str, tuple[Seed, list[tuple[float, object]]]] = {}
+    for work_dir in work_dirs:
+        tuned = tasks_in(work_dir)
+        if tuned.tuner != "meta_schedule":
+            raise UsageError(f"{work_dir} holds {tuned.tuner} records; seeds are MetaSchedule's")
+        tasks = {t.key: t for t in tuned.tasks}
+        for entry in best_entries(work_dir, tasks, STARTS_EACH):
+            task = tasks[entry.key]
+            if entry.key not in found:
+                found[entry.key] = (Seed(task.key, stem(task.native.task_name), sizes(task), ()),
+                                    [])  # fmt: skip
+            seconds = sum(entry.run_secs) / len(entry.run_secs)
+            found[entry.key][1].append((seconds, _search_part(task, entry.trace)))
+    seeds = []
+    for seed, timed in found.values():
+        fastest = sorted(timed, key=lambda pair: pair[0])[:STARTS_EACH]
+        seeds.append(seed._replace(traces=tuple(trace for _, trace in fastest)))
+    return seeds
+
+
+def _search_part(task: object, trace: object) -> object:
+    """``trace`` (a record's, as JSON) replayed on ``task``'s function, less what its
+    postprocessors did."""
+    schedule = tvm.tir.Schedule(task.native.dispatched[0])  # type: ignore[attr-defined]
+    tvm.tir.schedule.Trace.apply_json_to_schedule(trace, schedule)
+    return trace_json(schedule.trace, remove_postproc=True)
