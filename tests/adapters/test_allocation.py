@@ -104,6 +104,16 @@ def test_a_task_of_which_nothing_is_known_is_measured_first() -> None:
     assert allocation.pick([0, 1, 2]) == 2
 
 
+def test_tasks_with_schedules_to_start_from_get_a_first_round_before_any_weighing() -> None:
+    """Of four tasks, the two with starts (seeds) that hold 1% or more of the latency get the
+    first rounds, the larger first, each once; then the weighing, which gives the 60% task
+    every round (the 0.5% task with starts gets none)."""
+    tasks = [_task("big"), _task("mid"), _task("small"), _task("tiny")]
+    allocation = Allocation(tasks, [], {"big": 0.6, "mid": 0.03, "small": 0.05, "tiny": 0.004})
+    allocation.start_first([1, 2, 3])
+    assert _rounds(allocation, [0, 1, 2, 3], 5) == [2, 1, 0, 0, 0]
+
+
 def test_a_task_that_only_failed_is_tried_again_until_its_measurements_run_out() -> None:
     """A first round of two NaN candidates left a task with nothing to weigh, and every later
     pass measured nothing; a task that never builds still ends the tune."""

@@ -138,6 +138,22 @@ def test_a_seed_file_of_another_family_or_past_its_size_is_refused(made, monkeyp
         shipped.read_seeds(path, "x86-test")
 
 
+def test_a_damaged_shipped_file_says_how_to_tune_without_it(made, tmp_path, monkeypatch) -> None:
+    """Bad luck: the family's file cut short (a broken install) is one error naming the file and
+    the way on, not a traceback from gzip."""
+    path, _ = made
+    (tmp_path / "shipped").mkdir()
+    (tmp_path / "shipped" / "x86-avx512.jsonl.gz").write_bytes(path.read_bytes()[:-20])
+    monkeypatch.setattr(shipped, "SHIPPED", tmp_path / "shipped")
+    shipped._shipped.cache_clear()
+    target = tvm.target.Target("llvm -mtriple=x86_64-linux-gnu -mcpu=skylake-avx512")
+    try:
+        with pytest.raises(ModelError, match=r"x86-avx512\.jsonl\.gz.*tune with --no-seeds"):
+            shipped.shipped_for(target)
+    finally:
+        shipped._shipped.cache_clear()
+
+
 @pytest.mark.parametrize(
     ("target", "family"),
     [

@@ -95,7 +95,13 @@ def shipped_for(target: Target) -> tuple[Seed, ...]:
 @functools.cache
 def _shipped(name: str) -> tuple[Seed, ...]:
     path = SHIPPED / f"{name}.jsonl.gz"
-    return read_seeds(path, name) if path.is_file() else ()
+    if not path.is_file():
+        return ()
+    try:
+        return read_seeds(path, name)
+    except (ModelError, OSError, EOFError) as err:  # a damaged install (gzip's own errors)
+        said = str(err) if isinstance(err, ModelError) else f"{path}: {err}"
+        raise ModelError(f"{said}; reinstall relay-tasks, or tune with --no-seeds") from err
 
 
 def read_seeds(path: Path, name: str) -> tuple[Seed, ...]:

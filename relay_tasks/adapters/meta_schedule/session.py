@@ -185,6 +185,7 @@ class _Session:
         measured = records.measured()
         fresh = [t for t in self.tasks if t.key not in measured]
         starts = _starts(fresh, self.tutors, self.shipped)
+        allocation.start_first([i for i, t in enumerate(self.tasks) if t.key in starts])
         contexts = [
             ms.TuneContext(
                 mod=t.native.dispatched[0],
