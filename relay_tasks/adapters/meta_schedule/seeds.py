@@ -1,7 +1,7 @@
 """Schedules shipped with relay-tasks, by CPU family: what a task with no records measures first.
 
 TVM once shipped TopHub, AutoTVM configurations tuned per device, so that a first build was
-already good. Here our own tunes of common models (``./dev seeds``, :mod:`tools.seeds`) leave,
+already good. Here our own tunes of common models (``./dev seeds``, ``bench/seeds.py``) leave,
 for each task, the schedules of its fastest records; a tune of any model whose tasks are those,
 or operators like them at other shapes, starts each such task from them. A seed is a schedule,
 never a measurement: it is measured on this machine like any candidate, and only that
