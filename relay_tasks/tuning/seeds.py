@@ -11,9 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import tvm
 
+from ..adapters.base import TunerTask
 from ..adapters.meta_schedule.database import best_entries, trace_json
 from ..adapters.meta_schedule.seeds import Seed, sizes
 from ..adapters.similar import STARTS_EACH, stem
@@ -24,29 +26,25 @@ from .tune import tasks_in
 def seeds_of(work_dirs: Sequence[Path]) -> list[Seed]:
     """The seeds of every task the MetaSchedule ``work_dirs`` tuned, by key, in the order
     first met."""
-    found: dict[str, tuple[Seed, list[tuple[float, object]]]] = {}
+    tasks: dict[str, TunerTask] = {}
+    timed: dict[str, list[tuple[float, Any]]] = {}
     for work_dir in work_dirs:
         tuned = tasks_in(work_dir)
         if tuned.tuner != "meta_schedule":
             raise UsageError(f"{work_dir} holds {tuned.tuner} records; seeds are MetaSchedule's")
-        tasks = {t.key: t for t in tuned.tasks}
-        for entry in best_entries(work_dir, tasks, STARTS_EACH):
-            task = tasks[entry.key]
-            if entry.key not in found:
-                found[entry.key] = (Seed(task.key, stem(task.native.task_name), sizes(task), ()),
-                                    [])  # fmt: skip
+        here = {t.key: t for t in tuned.tasks}
+        for entry in best_entries(work_dir, here, STARTS_EACH):
+            task = tasks.setdefault(entry.key, here[entry.key])
             seconds = sum(entry.run_secs) / len(entry.run_secs)
-            found[entry.key][1].append((seconds, _search_part(task, entry.trace)))
-    seeds = []
-    for seed, timed in found.values():
-        fastest = sorted(timed, key=lambda pair: pair[0])[:STARTS_EACH]
-        seeds.append(seed._replace(traces=tuple(trace for _, trace in fastest)))
-    return seeds
+            timed.setdefault(entry.key, []).append((seconds, _search_part(task, entry.trace)))
+    return [Seed(key, stem(task.native.task_name), sizes(task),
+                 tuple(trace for _, trace in sorted(timed[key], key=lambda p: p[0])[:STARTS_EACH]))
+            for key, task in tasks.items()]  # fmt: skip
 
 
-def _search_part(task: object, trace: object) -> object:
+def _search_part(task: TunerTask, trace: Any) -> Any:
     """``trace`` (a record's, as JSON) replayed on ``task``'s function, less what its
     postprocessors did."""
-    schedule = tvm.tir.Schedule(task.native.dispatched[0])  # type: ignore[attr-defined]
+    schedule = tvm.tir.Schedule(task.native.dispatched[0])
     tvm.tir.schedule.Trace.apply_json_to_schedule(trace, schedule)
     return trace_json(schedule.trace, remove_postproc=True)

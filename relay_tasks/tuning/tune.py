@@ -229,11 +229,7 @@ def _similar(
     fresh = [t for t in tasks if t.key not in measured]
     # The sources' tasks are read only by a tuner that starts from similar tasks.
     similar = adapter.similar(fresh, partial(tuned_in, sources)) if fresh and sources else 0
-    if not similar:
-        return []
-    verb = "starts" if similar == 1 else "start"
-    return [f"{similar} of {len(tasks)} task{'s' * (len(tasks) > 1)} to tune {verb} from the "
-            "best schedules of similar tasks tuned there"]  # fmt: skip
+    return _starting(similar, tasks, "the best schedules of similar tasks tuned there")
 
 
 def _seeded(adapter: Adapter, tasks: Sequence[TunerTask], records: Tally, target: Any
@@ -242,12 +238,16 @@ def _seeded(adapter: Adapter, tasks: Sequence[TunerTask], records: Tally, target
     ``target``'s CPU family, in words."""
     measured = records.measured()
     seeded = adapter.seeded([t for t in tasks if t.key not in measured], target)
-    if not seeded:
+    return _starting(seeded, tasks, "schedules relay-tasks ships for this CPU family, measured "
+                     "here first (--no-seeds: without them)")  # fmt: skip
+
+
+def _starting(count: int, tasks: Sequence[TunerTask], whence: str) -> list[str]:
+    """``count`` of ``tasks`` start from ``whence``, in words (nothing for none)."""
+    if not count:
         return []
-    verb = "starts" if seeded == 1 else "start"
-    return [f"{seeded} of {len(tasks)} task{'s' * (len(tasks) > 1)} to tune {verb} from "
-            "schedules relay-tasks ships for this CPU family, measured here first "
-            "(--no-seeds: without them)"]  # fmt: skip
+    verb = "starts" if count == 1 else "start"
+    return [f"{count} of {len(tasks)} task{'s' * (len(tasks) > 1)} to tune {verb} from {whence}"]
 
 
 def tuned_in(work_dirs: Sequence[str | Path]) -> list[Tuned]:

@@ -246,23 +246,25 @@ def _starts(tasks: Sequence[TunerTask], tutors: Sequence[tuple[TunerTask, Any]],
     its tile sizes redrawn where they no longer divide, as MetaSchedule's own search replays
     them; one that does not replay is dropped where it is used (:class:`_StartingFrom`).
     """
-    known: list[Seed] = []
+    # A task's own records are no start (a resumed tune has them); a shipped seed of it is.
+    seen = {t.key for t in tasks}
+    by_stem: dict[str, list[Seed]] = {}
     for tutor, memory in tutors:
         module = tutor.native.dispatched[0]
-        if any(k.key == tutor.key for k in known) or not memory.has_workload(module):
+        if tutor.key in seen or not memory.has_workload(module):
             continue
         top = memory.get_top_k(memory.commit_workload(module), STARTS_EACH)  # valid ones only
         if top:
+            seen.add(tutor.key)
             name = stem(tutor.native.task_name)
-            known.append(Seed(tutor.key, name, sizes(tutor), tuple(r.trace for r in top)))
-    by_stem: dict[str, list[Seed]] = {}
-    for seed in [*known, *shipped]:
+            by_stem.setdefault(name, []).append(
+                Seed(tutor.key, name, sizes(tutor), tuple(r.trace for r in top))
+            )
+    for seed in shipped:
         by_stem.setdefault(seed.stem, []).append(seed)
     starts = {}
     for task in tasks:
-        # A task's own records are no start (a resumed tune has them); a seed of it is.
-        near = [seed for seed in by_stem.get(stem(task.native.task_name), [])
-                if seed.key != task.key or seed in shipped]  # fmt: skip
+        near = by_stem.get(stem(task.native.task_name), [])
         if not near:
             continue
         ordered = nearest(sizes(task), [(seed.sizes, seed) for seed in near])
