@@ -17,21 +17,25 @@ import tvm
 
 from ..adapters.base import TunerTask
 from ..adapters.meta_schedule.database import best_entries, trace_json
-from ..adapters.meta_schedule.seeds import Seed, sizes
+from ..adapters.meta_schedule.seeds import Seed, family, sizes
 from ..adapters.similar import STARTS_EACH, stem
 from ..errors import UsageError
 from .tune import tasks_in
 
 
-def seeds_of(work_dirs: Sequence[Path]) -> list[Seed]:
-    """The seeds of every task the MetaSchedule ``work_dirs`` tuned, by key, in the order
-    first met."""
+def seeds_of(work_dirs: Sequence[Path], cpu_family: str) -> list[Seed]:
+    """The seeds for ``cpu_family`` of every task the MetaSchedule ``work_dirs`` tuned, by key,
+    in the order first met. A work dir tuned for a target of another family is refused: its
+    schedules use instructions, or layout blocks, the family's CPUs lack."""
     tasks: dict[str, TunerTask] = {}
     timed: dict[str, list[tuple[float, Any]]] = {}
     for work_dir in work_dirs:
         tuned = tasks_in(work_dir)
         if tuned.tuner != "meta_schedule":
             raise UsageError(f"{work_dir} holds {tuned.tuner} records; seeds are MetaSchedule's")
+        if (its := family(tuned.target)) != cpu_family:
+            raise UsageError(f"{work_dir} was tuned for '{tuned.target}' (CPU family {its}): "
+                             f"seeds for {cpu_family} come from tunes for that family")  # fmt: skip
         here = {t.key: t for t in tuned.tasks}
         for entry in best_entries(work_dir, here, STARTS_EACH):
             task = tasks.setdefault(entry.key, here[entry.key])

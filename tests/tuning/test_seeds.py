@@ -16,7 +16,7 @@ from relay_tasks.adapters import get_adapter
 from relay_tasks.adapters.base import Runner
 from relay_tasks.adapters.meta_schedule import seeds as shipped
 from relay_tasks.adapters.meta_schedule import session
-from relay_tasks.errors import ModelError
+from relay_tasks.errors import ModelError, UsageError
 from relay_tasks.tuning.seeds import seeds_of
 from relay_tasks.tuning.tune import tasks_in
 
@@ -39,11 +39,19 @@ def _record_decisions(work: Path) -> list[Any]:
 @pytest.fixture
 def made(tuned: dict[str, Path], tmp_path: Path) -> tuple[Path, tuple[shipped.Seed, ...]]:
     """The tiny model's seeds from its tuned work dir, written as a family file and read back."""
+    work = tuned["meta_schedule"]
     path = tmp_path / "x86-test.jsonl.gz"
-    shipped.write_seeds(
-        path, "x86-test", "the tests' tiny model", seeds_of([tuned["meta_schedule"]])
-    )
+    seeds = seeds_of([work], shipped.family(tasks_in(work).target) or "none")
+    shipped.write_seeds(path, "x86-test", "the tests' tiny model", seeds)
     return path, shipped.read_seeds(path, "x86-test")
+
+
+def test_seeds_for_a_family_come_only_from_tunes_for_it(tuned) -> None:
+    """A work dir tuned for this host's CPU gives no seeds for another family's file."""
+    with pytest.raises(
+        UsageError, match=r"\(CPU family x86-avx(2|512)\): seeds for aarch64 come from tunes for"
+    ):
+        seeds_of([tuned["meta_schedule"]], "aarch64")
 
 
 def test_a_tuned_task_ships_the_schedules_of_its_fastest_records(tuned, made) -> None:
