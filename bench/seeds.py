@@ -31,11 +31,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-import tvm
 from versus import _cli, exported  # bench/ is this script's path
 
 import relay_tasks
 from relay_tasks.adapters.meta_schedule.seeds import SHIPPED, family, write_seeds
+from relay_tasks.inputs import as_target
 from relay_tasks.tuning.seeds import seeds_of
 
 #: The models tuned, each with the flags it is tuned with: the ResNets with ``--winograd`` as
@@ -68,7 +68,7 @@ def tune_models(models: list[str], minutes: float, out: Path, target: str) -> li
             continue
         onnx = exported(model, out)
         name = "-".join([model, *(flag.strip("-") for flag in flags)])
-        work = out / f"{name}-{family(tvm.target.Target(target))}-seeds"
+        work = out / f"{name}-{family(as_target(target))}-seeds"
         _cli(["tune", str(onnx), "--tuner", "meta_schedule", "--work-dir", str(work), "--target",
               target, "--time", f"{minutes * 60:.0f}", "--no-seeds", *flags])  # fmt: skip
         work_dirs.append(work)
@@ -87,7 +87,7 @@ def main() -> None:
     parser.add_argument("--target", help="the family's target (default: this host's CPU)")
     args = parser.parse_args()
     os.environ.setdefault("TOPHUB_LOCATION", "NONE")
-    target = tvm.target.Target(args.target) if args.target else relay_tasks.host_target()
+    target = as_target(args.target) if args.target else relay_tasks.host_target()
     name = family(target)
     if name is None:
         sys.exit(f"'{target}' is of no CPU family seeds are kept for (x86 with AVX2 or "
