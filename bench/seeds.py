@@ -35,6 +35,7 @@ from versus import _cli, exported  # bench/ is this script's path
 
 import relay_tasks
 from relay_tasks.adapters.meta_schedule.seeds import SHIPPED, family, write_seeds
+from relay_tasks.errors import RelayTasksError
 from relay_tasks.inputs import as_target
 from relay_tasks.tuning.seeds import seeds_of
 
@@ -87,7 +88,10 @@ def main() -> None:
     parser.add_argument("--target", help="the family's target (default: this host's CPU)")
     args = parser.parse_args()
     os.environ.setdefault("TOPHUB_LOCATION", "NONE")
-    target = as_target(args.target) if args.target else relay_tasks.host_target()
+    try:
+        target = as_target(args.target) if args.target else relay_tasks.host_target()
+    except RelayTasksError as err:
+        sys.exit(f"seeds: {err}")
     name = family(target)
     if name is None:
         sys.exit(f"'{target}' is of no CPU family seeds are kept for (x86 with AVX2 or "
@@ -99,7 +103,10 @@ def main() -> None:
         args.out.mkdir(parents=True, exist_ok=True)
         work_dirs = tune_models(args.models, args.minutes, args.out, str(target))
         made = f"work dirs {', '.join(d.name for d in work_dirs)}, {args.minutes:g} minutes each"
-    seeds = seeds_of(work_dirs, name)
+    try:
+        seeds = seeds_of(work_dirs, name)
+    except RelayTasksError as err:
+        sys.exit(f"seeds: {err}")
     path = SHIPPED / f"{name}.jsonl.gz"
     stamp = datetime.date.today().isoformat()
     write_seeds(path, name, f"bench/seeds.py for '{target}' on {_cpu()}, {stamp}: {made}", seeds)

@@ -15,7 +15,8 @@ table gives each signature's calls and time on both sides, the slowest of ours f
 what pairs with nothing (our layout conversions and elementwise functions, ONNX Runtime's
 fused normalisations): those say which tasks hold the model back, the rows that
 ``status``'s per-task figures cannot show. Both profilers add their own cost per call, so
-each side's sum runs above its timed latency.
+each side's sum runs above its timed latency. The library is loaded as code: give it one
+``relay-tasks compile`` built here.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import json
 import math
 import os
 import sys
+import tempfile
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
@@ -32,7 +34,9 @@ from typing import Any
 
 import numpy as np
 
+from relay_tasks.errors import RelayTasksError
 from relay_tasks.loaders import load_model
+from relay_tasks.sandbox import run_confined
 from relay_tasks.table import aligned
 from relay_tasks.tuning.compile import random_inputs
 
@@ -109,21 +113,25 @@ def _our_calls(library: Path, inputs: dict[str, Any], runs: int) -> list[tuple[S
 
 
 def _their_calls(model: Path, inputs: dict[str, Any], runs: int) -> list[tuple[Signature, float]]:
-    """Each node ONNX Runtime runs for ``model``: its signature and its median seconds."""
-    import onnxruntime
+    """Each node ONNX Runtime runs for ``model``: its signature and its median seconds. ONNX
+    Runtime reads the model in the confined child that reads model files (as ``compile
+    --versus`` runs it); its profile comes back as bytes."""
 
-    options = onnxruntime.SessionOptions()
-    options.intra_op_num_threads = len(os.sched_getaffinity(0))
-    options.enable_profiling = True
-    options.profile_file_prefix = str(Path(os.environ.get("TMPDIR", "/tmp")) / "where-ort")
-    session = onnxruntime.InferenceSession(str(model), options, ["CPUExecutionProvider"])
-    feed = {i.name: inputs[i.name] for i in session.get_inputs()}
-    session.run(None, feed)  # warm-up, profiled too: left out below
-    for _ in range(runs):
-        session.run(None, feed)
-    profile = Path(session.end_profiling())
-    events = json.loads(profile.read_text())
-    profile.unlink()
+    def work() -> list[bytes]:
+        import onnxruntime
+
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = len(os.sched_getaffinity(0))
+        options.enable_profiling = True
+        options.profile_file_prefix = str(Path(tempfile.gettempdir()) / "where")  # its scratch
+        session = onnxruntime.InferenceSession(str(model), options, ["CPUExecutionProvider"])
+        feed = {i.name: inputs[i.name] for i in session.get_inputs()}
+        session.run(None, feed)  # warm-up, profiled too: left out below
+        for _ in range(runs):
+            session.run(None, feed)
+        return [Path(session.end_profiling()).read_bytes()]
+
+    events = json.loads(bytes(run_confined(work, f"profiling {model} with ONNX Runtime")))
     times: dict[str, list[float]] = defaultdict(list)
     signature: dict[str, Signature] = {}
     for event in events:
@@ -174,10 +182,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main() -> None:
     args = build_parser().parse_args()
-    mod, params = load_model(str(args.model))
-    inputs = random_inputs(mod, params)
-    print(table(_our_calls(args.library, inputs, args.runs),
-                _their_calls(args.model, inputs, args.runs)))  # fmt: skip
+    try:
+        mod, params = load_model(str(args.model))
+        inputs = random_inputs(mod, params)
+        print(table(_our_calls(args.library, inputs, args.runs),
+                    _their_calls(args.model, inputs, args.runs)))  # fmt: skip
+    except RelayTasksError as err:
+        sys.exit(f"where: {err}")
 
 
 if __name__ == "__main__":
