@@ -4,6 +4,7 @@ their task computes.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from tvm.ir import IRModule
 from tvm.meta_schedule.utils import derived_object
 from tvm.target import Target
 
+from ...errors import RelayTasksWarning
 from ..base import TunerTask, note_function
 from ..untuned import covered_by, untuned_as_without, variants_of, warn_unused
 from ..verify import CANDIDATES, best_agreeing, results, runs_here
@@ -24,6 +26,9 @@ from .database import (
 )
 from .prefetch import prefetch_weights
 from .tasks import register_intrinsics
+
+#: The annotation of the block in which MetaSchedule rewrites a weight's layout.
+_PREPROC = "meta_schedule.layout_rewrite_preproc"
 
 
 def build(
@@ -128,6 +133,7 @@ def _agreeing(
             ((float(np.mean([float(s) for s in r.run_secs])), r) for r in best),
             key=lambda c: c[0],
         )
+        candidates = _buildable(task.name, candidates)
         rank = max(min(ranks.get(task.key, 0), len(candidates) - 1), 0)
         expected = results(module, target)
         record = best_agreeing(task.name, candidates[rank:], expected, _scheduled, target)
@@ -140,6 +146,36 @@ def _agreeing(
             ))  # fmt: skip
             kept.append(task)
     return checked, kept
+
+
+def _buildable(name: str, candidates: list[tuple[float, Any]]) -> list[tuple[float, Any]]:
+    """The ``candidates`` a model can be built with, the others warned about. A record may
+    rewrite a dense's weight into one dimension: alone it computes right, but in a model
+    TOPI's dense asserts two dimensions before it reads the weight's original shape, and the
+    whole build failed ("1-dim matmul is not supported yet")."""
+    kept = [c for c in candidates if not _flattens_a_matrix(_scheduled(c[1]))]
+    if len(kept) < len(candidates):
+        warnings.warn(
+            f"{name}: {len(candidates) - len(kept)} of its best records rewrite a weight "
+            "matrix into one dimension, which TVM cannot build in a model; passed over",
+            RelayTasksWarning,
+            stacklevel=3,
+        )
+    return kept
+
+
+def _flattens_a_matrix(scheduled: IRModule) -> bool:
+    """Whether a layout rewrite in ``scheduled`` (MetaSchedule's preprocessing block) turns a
+    two-dimensional buffer into a one-dimensional one."""
+    found: list[bool] = []
+
+    def visit(node: Any) -> None:
+        if isinstance(node, tvm.tir.Block) and _PREPROC in node.annotations:
+            before, after = node.reads[0].buffer, node.writes[0].buffer
+            found.append(len(before.shape) == 2 and len(after.shape) < 2)
+
+    tvm.tir.stmt_functor.post_order_visit(scheduled["main"].body, visit)
+    return any(found)
 
 
 def _scheduled(record: Any) -> IRModule:
